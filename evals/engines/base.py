@@ -1,0 +1,93 @@
+"""The engine interface: typed requests in, results in request order out.
+
+Three request kinds cover every task: free generation (GSM8K, MATH, GPQA-CoT, needle), scoring a
+set of continuations by log-likelihood (multiple choice, LAMBADA), and teacher-forced next-token
+distributions (WikiText-2 distribution checks). A request that fails is answered with
+`Failure(error)` in its slot, never dropped and never turned into a wrong answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from evals.records import TokenLogprobs
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """Generate from `prompt` until a stop string or `max_tokens`. `prefix` (optional) is a leading
+    part of `prompt` shared by many requests (the few-shot block) that an engine may cache."""
+
+    prompt: str
+    until: tuple[str, ...] = ()
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class LoglikelihoodRequest:
+    """Score each continuation given `context`: sum of token log-probs of the continuation
+    (tokenised as lm-eval does: context and continuation encoded together, split at the context)."""
+
+    context: str
+    continuations: tuple[str, ...]
+    prefix: str | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprobsRequest:
+    """Teacher-forced pass over `text`; return the top-k next-token distribution at each position.
+    `max_tokens` caps the tokenised length (the chunk), `top_k` the stored alternatives."""
+
+    text: str
+    top_k: int = 20
+    max_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    text: str
+    output_tokens: int
+    finish_reason: str  # "stop" (stop string or EOS) | "length"
+
+
+@dataclass(frozen=True)
+class LoglikelihoodResult:
+    loglikelihoods: tuple[float, ...]  # one per continuation, natural log
+    is_greedy: tuple[bool, ...]  # continuation equals the greedy tokens
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A request the engine could not answer (after its retries): scored None, counted as an error."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a record and the report need to know about the engine that produced an arm."""
+
+    name: str  # "hf" | "vllm" | "openai"
+    model: str
+    deterministic: bool  # bit-reproducible for the same inputs and seed
+    details: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Batched requests in, one result (or Failure) per request out, in request order."""
+
+    info: EngineInfo
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult | Failure]: ...
+
+    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult | Failure]: ...
+
+    def token_logprobs(self, requests: list[TokenLogprobsRequest]) -> list[TokenLogprobs | Failure]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,173 @@
+"""Per-sample records: the versioned schema and the crash-safe JSONL writer and reader.
+
+One `SampleRecord` per (task, item, repeat) is appended to `records/<arm>/<task>.jsonl` and
+flushed (and fsync'ed) as soon as the sample finishes, so a killed run loses at most the sample in
+flight. On resume, a torn last line (a write cut by a kill) is detected, dropped with a warning
+and truncated away; every complete line is kept and its (item id, repeat) is skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evals.errors import RecordError
+
+SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a UTF-8 string (prompt and target hashes, as lm-eval logs them)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class TokenLogprobs(BaseModel):
+    """Teacher-forced next-token distribution summary for one text chunk (distribution probes).
+
+    Position t predicts token t+1 of the chunk. `topk_ids[t]` / `topk_logprobs[t]` are the k most
+    likely tokens at t (natural-log probabilities, descending); `target_logprobs[t]` is the
+    log-probability of the actual next token.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target_ids: list[int]
+    target_logprobs: list[float]
+    topk_ids: list[list[int]]
+    topk_logprobs: list[list[float]]
+
+
+class SampleRecord(BaseModel):
+    """One finished sample of one arm. `scores` keys are "metric,filter" as in lm-eval
+    ("acc,none", "exact_match,strict-match"); a failed sample has `error` set and every score None.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    task: str
+    task_version: str
+    arm: str
+    item_id: str
+    repeat: int = Field(default=0, ge=0)
+    cluster: str | None = None
+    prompt_hash: str
+    target: str | None = None
+    target_hash: str | None = None
+    completion: str | None = None
+    choice_loglikelihoods: list[float] | None = None
+    choice_is_greedy: list[bool] | None = None
+    extracted: dict[str, str | None] = Field(default_factory=dict)
+    scores: dict[str, float | None] = Field(default_factory=dict)
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    token_logprobs: TokenLogprobs | None = None
+    meta: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """(item id, repeat): what identifies a sample within one task of one arm."""
+        return (self.item_id, self.repeat)
+
+
+def _parse_line(line: str, path: Path, lineno: int) -> SampleRecord:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is corrupt") from None
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}:{lineno}: expected a JSON object per line")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RecordError(
+            f"{path}:{lineno}: record schema_version {version!r}, this toolkit reads {SCHEMA_VERSION}; "
+            "re-run the arm into a new folder"
+        )
+    try:
+        return SampleRecord.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RecordError(f"{path}:{lineno}: invalid record ({where}: {first['msg']})") from None
+
+
+def read_records(path: Path, *, repair: bool = False) -> list[SampleRecord]:
+    """Every complete record of a JSONL file. A torn last line (no trailing newline, left by a
+    kill mid-write) is dropped with a warning and, with `repair`, truncated from the file.
+    A corrupt line anywhere else is a RecordError: that is not a crash artefact."""
+    if not path.exists():
+        return []
+    raw = path.read_bytes()
+    records: list[SampleRecord] = []
+    complete, _, tail = raw.rpartition(b"\n")
+    if tail:
+        log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted write", path, len(tail))
+        if repair:
+            with open(path, "r+b") as fh:
+                fh.truncate(len(complete) + 1 if complete or raw.startswith(b"\n") else 0)
+                fh.flush()
+                os.fsync(fh.fileno())
+    body = complete.decode("utf-8", errors="replace") if complete or raw.startswith(b"\n") else ""
+    for lineno, line in enumerate(body.split("\n"), start=1):
+        if line.strip():
+            records.append(_parse_line(line, path, lineno))
+    return records
+
+
+class RecordWriter:
+    """Appends records to one JSONL file, one line per record, flushed and fsync'ed per record.
+    Refuses duplicates of (item id, repeat) already present in the file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._done: set[tuple[str, int]] = {r.key for r in read_records(path, repair=True)}
+        self._fh = open(path, "a", encoding="utf-8")
+
+    @property
+    def done(self) -> frozenset[tuple[str, int]]:
+        """Keys (item id, repeat) already written: a resumed run skips these."""
+        return frozenset(self._done)
+
+    def write(self, record: SampleRecord) -> None:
+        """Append one record durably; a key written before is an internal error."""
+        if record.key in self._done:
+            raise RecordError(f"{self.path}: duplicate record for item {record.item_id!r} repeat {record.repeat}")
+        line = record.model_dump_json(exclude_none=False) + "\n"
+        self._fh.write(line)
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        self._done.add(record.key)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_arm_records(arm_dir: Path) -> Iterator[SampleRecord]:
+    """All records of one arm folder (`records/<arm>/*.jsonl`), file by file in name order."""
+    if not arm_dir.is_dir():
+        raise RecordError(f"{arm_dir}: no such records folder")
+    for path in sorted(arm_dir.glob("*.jsonl")):
+        yield from read_records(path)
+
+
+def write_records(path: Path, records: Iterable[SampleRecord]) -> None:
+    """Write a whole records file at once (imports, tests); atomic: temp file, fsync, rename."""
+    from evals.atomic import atomic_write_text
+
+    atomic_write_text(path, "".join(r.model_dump_json() + "\n" for r in records))

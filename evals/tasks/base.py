@@ -1,0 +1,79 @@
+"""The task interface: a task turns dataset items into engine requests and scores the results.
+
+A task is composed, not inherited: its items come from the data layer, its prompt follows lm-eval's
+definition of the same task (so numbers are comparable with published ones), and its scorer
+returns named scores keyed "metric,filter" as lm-eval logs them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from evals.engines.base import (
+    GenerateRequest,
+    GenerateResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    TokenLogprobsRequest,
+)
+from evals.records import TokenLogprobs
+
+TaskKind = Literal["generate", "loglikelihood", "token_logprobs"]
+Request = GenerateRequest | LoglikelihoodRequest | TokenLogprobsRequest
+Result = GenerateResult | LoglikelihoodResult | TokenLogprobs
+
+
+@dataclass(frozen=True)
+class Item:
+    """One evaluation item: a stable id (the dataset's own where it has one), an optional cluster
+    key (items sharing it are not independent, e.g. a WikiText article or a needle (length, depth)
+    cell), and the raw document the prompt is built from."""
+
+    item_id: str
+    doc: Mapping[str, Any]
+    cluster: str | None = None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """What a task's scorer returns for one sample."""
+
+    scores: dict[str, float | None]  # "metric,filter" -> value
+    extracted: dict[str, str | None] = field(default_factory=dict)  # filter -> extracted answer
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """Per-run options a task honours (validated by the spec layer)."""
+
+    num_fewshot: int | None = None  # None: the task's lm-eval default
+    max_tokens: int | None = None  # None: the task's default generation budget
+    temperature: float = 0.0  # > 0: sampled decoding, seeded per repeat
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+    version: str  # bump when prompts, filters or metrics change: records carry it
+    kind: TaskKind
+
+    def items(self, data_dir: Path | None) -> list[Item]:
+        """Every item of the evaluation split, in the dataset's stable order."""
+        ...
+
+    def request(self, item: Item, *, repeat: int, seed: int) -> Request:
+        """The engine request for one sample; `seed` is the per-(item, repeat) sampling seed."""
+        ...
+
+    def prompt_text(self, request: Request) -> str:
+        """The text whose sha256 is the record's prompt hash (lm-eval: the context string)."""
+        ...
+
+    def score(self, item: Item, result: Result) -> Scored:
+        """Score one finished sample (the result is never a Failure: the runner handles those)."""
+        ...

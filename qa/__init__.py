@@ -1,0 +1,1 @@
+"""Pairing, statistics, gate policy and verdict, report rendering, run specs and the `qa` CLI."""
