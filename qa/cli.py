@@ -12,6 +12,7 @@ from qa.app import app
 COMMAND_MODULES = (
     "qa.commands.data",
     "qa.commands.compare",
+    "qa.commands.gate",
     "qa.commands.calibrate",
     "qa.commands.evaluate",
     "qa.commands.run",

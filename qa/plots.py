@@ -1,0 +1,166 @@
+"""Report figures as PNG bytes: forest plot of delta, flip counts, KL divergence, per-layer KV error.
+
+Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state, no
+display needed). Labels come from task names and data files: they are passed with `$` escaped, so
+a name can never switch on mathtext.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+STATUS_COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700"}
+GREY = "#57606a"
+
+
+@dataclass(frozen=True)
+class ForestRow:
+    """One task in the forest plot; all numbers in score units (0.01 = 1 accuracy point)."""
+
+    label: str
+    delta: float
+    ci90: tuple[float, float] | None
+    ci95: tuple[float, float] | None
+    margin: float
+    status: str
+
+
+@dataclass(frozen=True)
+class FlipRow:
+    """Discordant pairs of one task: n10 regressions (baseline right only), n01 improvements."""
+
+    label: str
+    n10: int
+    n01: int
+
+
+def _label(text: str) -> str:
+    return text.replace("$", r"\$")
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def forest_plot(rows: list[ForestRow]) -> bytes:
+    """Delta per task in points: thick bar = 90% CI (the gate's), thin = 95%; lines at 0 and -margin."""
+    fig = Figure(figsize=(8.0, 1.1 + 0.55 * len(rows)))
+    ax = fig.add_subplot()
+    ys = list(range(len(rows)))[::-1]
+    margins = {r.margin for r in rows}
+    for y, r in zip(ys, rows, strict=True):
+        colour = STATUS_COLOURS.get(r.status, GREY)
+        if r.ci95 is not None:
+            ax.plot([100 * r.ci95[0], 100 * r.ci95[1]], [y, y], color=colour, lw=1.4, solid_capstyle="butt")
+        if r.ci90 is not None:
+            ax.plot(
+                [100 * r.ci90[0], 100 * r.ci90[1]],
+                [y, y],
+                color=colour,
+                lw=5.5,
+                alpha=0.85,
+                solid_capstyle="butt",
+            )
+        ax.plot(
+            [100 * r.delta], [y], marker="D", color="white", markeredgecolor=colour, markersize=7, zorder=3
+        )
+        if len(margins) > 1:
+            ax.plot(
+                [-100 * r.margin] * 2, [y - 0.35, y + 0.35], color=STATUS_COLOURS["fail"], lw=1.5, ls="--"
+            )
+    ax.axvline(0, color=GREY, lw=1)
+    if len(margins) == 1:
+        m = margins.pop()
+        ax.axvline(
+            -100 * m, color=STATUS_COLOURS["fail"], lw=1.5, ls="--", label=f"-margin ({100 * m:.1f} pts)"
+        )
+        ax.legend(loc="lower right", fontsize=8, frameon=False)
+    ax.set_yticks(ys, [_label(r.label) for r in rows])
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    ax.set_xlabel("delta = candidate - baseline (accuracy points); thick: 90% CI, thin: 95% CI")
+    ax.grid(axis="x", color="#d0d7de", lw=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png(fig)
+
+
+def flips_plot(rows: list[FlipRow]) -> bytes:
+    """Diverging bars per task: regressions (n10) to the left, improvements (n01) to the right."""
+    fig = Figure(figsize=(8.0, 1.1 + 0.5 * len(rows)))
+    ax = fig.add_subplot()
+    ys = list(range(len(rows)))[::-1]
+    ax.barh(
+        ys,
+        [-r.n10 for r in rows],
+        color=STATUS_COLOURS["fail"],
+        label="regressions (baseline right, candidate wrong)",
+    )
+    ax.barh(
+        ys,
+        [r.n01 for r in rows],
+        color=STATUS_COLOURS["pass"],
+        label="improvements (candidate right, baseline wrong)",
+    )
+    top = max([max(r.n10, r.n01) for r in rows] + [1])
+    for y, r in zip(ys, rows, strict=True):
+        ax.text(-r.n10 - 0.02 * top, y, str(r.n10), ha="right", va="center", fontsize=8)
+        ax.text(r.n01 + 0.02 * top, y, str(r.n01), ha="left", va="center", fontsize=8)
+    ax.set_xlim(-1.25 * top, 1.25 * top)
+    ax.axvline(0, color=GREY, lw=1)
+    ax.set_yticks(ys, [_label(r.label) for r in rows])
+    ax.set_xlabel("discordant (item, repeat) pairs")
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.25 if len(rows) > 2 else -0.45),
+        ncol=2,
+        fontsize=8,
+        frameon=False,
+    )
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png(fig)
+
+
+def kl_plot(label: str, per_chunk: list[float], mean: float) -> bytes:
+    """Histogram of per-chunk mean KL(base || cand) in nats, with the overall mean per token."""
+    fig = Figure(figsize=(8.0, 3.0))
+    ax = fig.add_subplot()
+    ax.hist(per_chunk, bins=min(40, max(5, len(per_chunk) // 2)), color="#0969da", alpha=0.8)
+    ax.axvline(mean, color="black", lw=1.5, label=f"mean per token {mean:.4g}")
+    ax.set_xlabel("per-chunk mean KL(baseline || candidate), nats per token")
+    ax.set_ylabel("chunks")
+    ax.set_title(_label(label), fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png(fig)
+
+
+def kv_error_plot(layers: list[str], k_sqnr_db: list[float | None], v_sqnr_db: list[float | None]) -> bytes:
+    """Grouped bars of per-layer SQNR (dB, higher = smaller quantization error) for K and V."""
+    fig = Figure(figsize=(max(6.0, 0.32 * len(layers) + 2), 3.2))
+    ax = fig.add_subplot()
+    xs = list(range(len(layers)))
+    w = 0.4
+    nan = float("nan")
+    ax.bar(
+        [x - w / 2 for x in xs], [nan if v is None else v for v in k_sqnr_db], w, color="#0969da", label="K"
+    )
+    ax.bar(
+        [x + w / 2 for x in xs], [nan if v is None else v for v in v_sqnr_db], w, color="#8250df", label="V"
+    )
+    ax.set_xticks(xs, [_label(s) for s in layers], fontsize=7, rotation=90 if len(layers) > 24 else 0)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("SQNR (dB), higher = smaller error")
+    ax.legend(fontsize=8, frameon=False, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0))
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return _png(fig)
