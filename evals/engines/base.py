@@ -31,11 +31,22 @@ class GenerateRequest:
 @dataclass(frozen=True)
 class LoglikelihoodRequest:
     """Score each continuation given `context`: sum of token log-probs of the continuation
-    (tokenised as lm-eval does: context and continuation encoded together, split at the context)."""
+    (tokenised as lm-eval does: context and continuation encoded together, split at the context).
+    With `contexts` (one per continuation), continuation i is scored given `contexts[i]` instead:
+    lm-eval's partial evaluation (Winogrande: several contexts, one shared continuation)."""
 
     context: str
     continuations: tuple[str, ...]
     prefix: str | None = None
+    contexts: tuple[str, ...] = ()
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(context, continuation) for every continuation, in order."""
+        if self.contexts:
+            if len(self.contexts) != len(self.continuations):
+                raise ValueError("contexts and continuations differ in length")
+            return list(zip(self.contexts, self.continuations))
+        return [(self.context, c) for c in self.continuations]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,76 @@
+"""Tasks by name. Each module exposes `build(name: str, options: TaskOptions) -> Task` and is imported
+only when one of its tasks is asked for.
+
+Names are lm-eval's task names where the task is lm-eval's (so lm-eval logs and these records
+speak of the same thing); `mmlu` is lm-eval's 57-subject group as one task, `math500` follows
+lm-eval's `minerva_math500`. `wikitext_kl` and `needle` are this toolkit's own probes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from difflib import get_close_matches
+
+from evals.errors import EvalError
+from evals.tasks.base import Task, TaskOptions
+
+TASKS: dict[str, str] = {
+    "gsm8k": "evals.tasks.gsm8k",
+    "gpqa_diamond_zeroshot": "evals.tasks.gpqa",
+    "gpqa_main_zeroshot": "evals.tasks.gpqa",
+    "gpqa_extended_zeroshot": "evals.tasks.gpqa",
+    "gpqa_diamond_cot_zeroshot": "evals.tasks.gpqa",
+    "gpqa_main_cot_zeroshot": "evals.tasks.gpqa",
+    "gpqa_extended_cot_zeroshot": "evals.tasks.gpqa",
+    "mmlu": "evals.tasks.multiple_choice",
+    "arc_challenge": "evals.tasks.multiple_choice",
+    "arc_easy": "evals.tasks.multiple_choice",
+    "piqa": "evals.tasks.multiple_choice",
+    "boolq": "evals.tasks.multiple_choice",
+    "winogrande": "evals.tasks.winogrande",
+    "lambada_openai": "evals.tasks.lambada",
+    "truthfulqa_mc1": "evals.tasks.truthfulqa",
+    "truthfulqa_mc2": "evals.tasks.truthfulqa",
+    "math500": "evals.tasks.math500",
+    "wikitext_kl": "evals.tasks.wikitext_kl",
+    "needle": "evals.tasks.needle",
+}
+
+# The datasets each task reads (for env.json's data file hashes).
+TASK_DATASETS: dict[str, tuple[str, ...]] = {
+    "gsm8k": ("gsm8k",),
+    "gpqa_diamond_zeroshot": ("gpqa_diamond",),
+    "gpqa_main_zeroshot": ("gpqa_main",),
+    "gpqa_extended_zeroshot": ("gpqa_extended",),
+    "gpqa_diamond_cot_zeroshot": ("gpqa_diamond",),
+    "gpqa_main_cot_zeroshot": ("gpqa_main",),
+    "gpqa_extended_cot_zeroshot": ("gpqa_extended",),
+    "mmlu": ("mmlu",),
+    "arc_challenge": ("arc_challenge",),
+    "arc_easy": ("arc_easy",),
+    "piqa": ("piqa",),
+    "boolq": ("boolq",),
+    "winogrande": ("winogrande",),
+    "lambada_openai": ("lambada_openai",),
+    "truthfulqa_mc1": ("truthfulqa_mc",),
+    "truthfulqa_mc2": ("truthfulqa_mc",),
+    "math500": ("math500",),
+    "wikitext_kl": ("wikitext2",),
+    "needle": (),
+}
+
+
+def get_task(name: str, options: TaskOptions | None = None) -> Task:
+    """Build the named task with `options` (default: lm-eval's defaults); unknown names suggest the closest."""
+    if name not in TASKS:
+        close = get_close_matches(name, list(TASKS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; known tasks: {', '.join(TASKS)}"
+        raise EvalError(f"unknown task {name!r}{hint}")
+    module_name = TASKS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:
+            raise
+        raise EvalError(f"task {name!r} is not available in this build ({module_name} is missing)") from None
+    return module.build(name, options or TaskOptions())

@@ -1,0 +1,202 @@
+"""GPQA (diamond, main, extended), zero-shot, as lm-eval's `gpqa_<subset>_zeroshot` (multiple
+choice by log-likelihood) and `gpqa_<subset>_cot_zeroshot` (chain-of-thought generation) tasks
+(lm_eval/tasks/gpqa/zeroshot and cot_zeroshot, version 2.2).
+
+Rein et al. 2023, "GPQA: A Graduate-Level Google-Proof Q&A Benchmark", arXiv:2311.12022.
+Items are identified by the dataset's Record ID; question text is never logged or printed.
+
+Option order. lm-eval's `process_docs` puts the three incorrect answers and the correct one in a
+list and calls the *global* `random.shuffle` on it, document by document in file order.
+`simple_evaluate` seeds `random` with 0 (DEFAULT_RANDOM_SEED) just before building the tasks, and
+with the hub dataset cached the evaluation docs are that first pass over the split (the datasets
+`map` result is cached, so the second `process_docs` call lm-eval makes returns it). Running one
+GPQA task alone therefore shuffles with the sequence of `random.Random(0)`; that is what
+`shuffle_choices` does, with a local generator (no global state). Two GPQA tasks in one lm-eval
+run, or a fresh in-memory dataset, would continue the sequence instead: those orders differ.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lm_eval.api.metrics import exact_match_hf_evaluate
+from lm_eval.filters.extraction import MultiChoiceRegexFilter, RegexFilter
+
+from evals import data
+from evals.data import Row
+from evals.engines.base import GenerateRequest, GenerateResult
+from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
+from evals.tasks.common import LM_EVAL_MAX_GEN_TOKS, RANDOM_SEED, resolve_fewshot, task_version
+from evals.tasks.multiple_choice import MultipleChoiceTask
+
+LM_EVAL_VERSION = "2.2"
+SHUFFLE_SEED = RANDOM_SEED  # simple_evaluate's random.seed(0) before process_docs runs
+LETTERS = ["(A)", "(B)", "(C)", "(D)"]
+COT_UNTIL = ("</s>",)
+STRICT_REGEX = (
+    r"(?<=The answer is )(.*)(?=.)"  # strict-match: text after "The answer is ", less its last char
+)
+FLEXIBLE_REGEX = r"(\([A-Z]\))"  # flexible-extract: the last "(X)", else a choice's text, else ": X"
+EXACT_MATCH_KWARGS = {"ignore_case": True, "ignore_punctuation": True}
+
+
+def preprocess(text: str | None) -> str:
+    """lm-eval gpqa utils.preprocess: strip, " [title]" -> ". ", double spaces -> single."""
+    if text is None:
+        return " "
+    return text.strip().replace(" [title]", ". ").replace("  ", " ")
+
+
+def shuffle_choices(rows: list[Row], seed: int = SHUFFLE_SEED) -> list[Row]:
+    """lm-eval gpqa process_docs with `random.Random(seed)`: adds choice1..4, choices, answer "(X)"."""
+    rnd = random.Random(seed)
+    out = []
+    for doc in rows:
+        choices = [
+            preprocess(doc[k]) for k in ("Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
+        ]
+        choices.append(preprocess(doc["Correct Answer"]))
+        rnd.shuffle(choices)
+        gold = choices.index(preprocess(doc["Correct Answer"]))
+        out.append(
+            {
+                **doc,
+                "choice1": choices[0],
+                "choice2": choices[1],
+                "choice3": choices[2],
+                "choice4": choices[3],
+                "choices": list(choices),
+                "answer": LETTERS[gold],
+            }
+        )
+    return out
+
+
+def _choices_block(doc: Row) -> str:
+    return (
+        f"Choices:\n(A) {doc['choice1']}\n(B) {doc['choice2']}\n(C) {doc['choice3']}\n(D) {doc['choice4']}\n"
+    )
+
+
+def zeroshot_text(doc: Row) -> str:
+    """lm-eval gpqa zeroshot doc_to_text (no space after the colon, as in the YAML)."""
+    return f"What is the correct answer to this question:{doc['Question']}\n{_choices_block(doc)}Answer:"
+
+
+def cot_text(doc: Row) -> str:
+    """lm-eval gpqa cot_zeroshot doc_to_text (ends with a space)."""
+    return f"What is the correct answer to this question:{doc['Question']}\n{_choices_block(doc)}Let's think step by step: "
+
+
+def extract(completion: str, doc: Row) -> dict[str, str]:
+    """The answer each lm-eval filter extracts ("[invalid]" when nothing is found)."""
+    strict = RegexFilter(regex_pattern=STRICT_REGEX)
+    flexible = MultiChoiceRegexFilter(
+        regex_pattern=FLEXIBLE_REGEX, group_select=-1, ignore_case=True, ignore_punctuation=True
+    )
+    return {
+        "strict-match": strict.apply([[completion]], [doc])[0][0],
+        "flexible-extract": flexible.apply([[completion]], [doc])[0][0],
+    }
+
+
+def exact_match(extracted: str, target: str) -> float:
+    """lm-eval exact_match ignoring case and punctuation, 1.0 or 0.0."""
+    return float(
+        exact_match_hf_evaluate(predictions=[extracted], references=[target], **EXACT_MATCH_KWARGS)[
+            "exact_match"
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class GpqaCotTask:
+    """Zero-shot chain of thought; exact match of the extracted "(X)" under two filters."""
+
+    name: str
+    dataset: str
+    max_tokens: int
+    temperature: float
+    lm_eval_name: str
+    version: str = task_version(1, LM_EVAL_VERSION)
+    kind: TaskKind = "generate"
+
+    def items(self, data_dir: Path | None) -> list[Item]:
+        """Every question of the subset, choices shuffled as lm-eval does, id = Record ID."""
+        return [
+            Item(item_id=doc["id"], doc=doc) for doc in shuffle_choices(data.load(self.dataset, data_dir))
+        ]
+
+    def request(self, item: Item, *, repeat: int, seed: int) -> Request:
+        """Generate after the question and its choices; zero-shot, so no shared prefix."""
+        return GenerateRequest(
+            prompt=cot_text(item.doc),
+            until=COT_UNTIL,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=seed if self.temperature > 0 else None,
+        )
+
+    def prompt_text(self, request: Request) -> str:
+        """The full context string (lm-eval's prompt hash input)."""
+        assert isinstance(request, GenerateRequest)
+        return request.prompt
+
+    def score(self, item: Item, result: Result) -> Scored:
+        """exact_match,strict-match and exact_match,flexible-extract against the gold letter."""
+        assert isinstance(result, GenerateResult)
+        target = item.doc["answer"]
+        extracted = extract(result.text, item.doc)
+        scores: dict[str, float | None] = {
+            f"exact_match,{k}": exact_match(v, target) for k, v in extracted.items()
+        }
+        return Scored(scores=scores, extracted=dict(extracted), target=target)
+
+
+def _zeroshot(subset: str) -> Callable[[str, TaskOptions], MultipleChoiceTask]:
+    def make(name: str, options: TaskOptions) -> MultipleChoiceTask:
+        resolve_fewshot(name, options, 0, None)
+        return MultipleChoiceTask(
+            name=name,
+            version=task_version(1, LM_EVAL_VERSION),
+            dataset=f"gpqa_{subset}",
+            lm_eval_name=f"gpqa_{subset}_zeroshot",
+            doc_to_text=zeroshot_text,
+            doc_to_choice=lambda d: list(LETTERS),
+            doc_to_target=lambda d: d["answer"],
+            process_docs=shuffle_choices,
+        )
+
+    return make
+
+
+def _cot(subset: str) -> Callable[[str, TaskOptions], GpqaCotTask]:
+    def make(name: str, options: TaskOptions) -> GpqaCotTask:
+        resolve_fewshot(name, options, 0, None)
+        return GpqaCotTask(
+            name=name,
+            dataset=f"gpqa_{subset}",
+            lm_eval_name=f"gpqa_{subset}_cot_zeroshot",
+            max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS,
+            temperature=options.temperature,
+        )
+
+    return make
+
+
+BUILDERS: dict[str, Callable[[str, TaskOptions], MultipleChoiceTask | GpqaCotTask]] = {
+    "gpqa_diamond_zeroshot": _zeroshot("diamond"),
+    "gpqa_main_zeroshot": _zeroshot("main"),
+    "gpqa_extended_zeroshot": _zeroshot("extended"),
+    "gpqa_diamond_cot_zeroshot": _cot("diamond"),
+    "gpqa_main_cot_zeroshot": _cot("main"),
+    "gpqa_extended_cot_zeroshot": _cot("extended"),
+}
+
+
+def build(name: str, options: TaskOptions) -> MultipleChoiceTask | GpqaCotTask:
+    """The named GPQA task (a key of BUILDERS)."""
+    return BUILDERS[name](name, options)

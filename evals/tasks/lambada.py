@@ -1,0 +1,72 @@
+"""LAMBADA (OpenAI detokenised test set), as lm-eval's `lambada_openai` (lm_eval/tasks/lambada,
+version 1.0).
+
+Paperno et al. 2016, "The LAMBADA dataset: Word prediction requiring a broad discourse context",
+arXiv:1606.06031.
+
+Context: the passage up to its last space-separated word; continuation: " " + that word.
+acc = the continuation is the greedy decode (lm-eval's `is_greedy`). lm-eval also logs the
+continuation's log-likelihood per sample under the name "perplexity" (its aggregation is
+exp(-mean)); it is recorded here as "loglikelihood,none" so that a mean over items means what it
+says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from evals import data
+from evals.data import Row
+from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
+from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
+from evals.tasks.common import resolve_fewshot, task_version
+
+
+def doc_to_text(doc: Row) -> str:
+    """lm-eval: "{{text.split(' ')[:-1]|join(' ')}}"."""
+    return " ".join(doc["text"].split(" ")[:-1])
+
+
+def doc_to_target(doc: Row) -> str:
+    """lm-eval: "{{' '+text.split(' ')[-1]}}"."""
+    return " " + doc["text"].split(" ")[-1]
+
+
+@dataclass(frozen=True)
+class LambadaTask:
+    """Last-word prediction scored by log-likelihood and greedy match."""
+
+    name: str = "lambada_openai"
+    version: str = task_version(1, "1.0")
+    kind: TaskKind = "loglikelihood"
+    lm_eval_name: str = "lambada_openai"
+
+    def items(self, data_dir: Path | None) -> list[Item]:
+        """The 5153 test passages in file order."""
+        return [Item(item_id=doc["id"], doc=doc) for doc in data.load("lambada_openai", data_dir)]
+
+    def request(self, item: Item, *, repeat: int, seed: int) -> Request:
+        """One continuation: the last word with its leading space."""
+        return LoglikelihoodRequest(context=doc_to_text(item.doc), continuations=(doc_to_target(item.doc),))
+
+    def prompt_text(self, request: Request) -> str:
+        """lm-eval's prompt hash input: the context string."""
+        assert isinstance(request, LoglikelihoodRequest)
+        return request.context
+
+    def score(self, item: Item, result: Result) -> Scored:
+        """acc (greedy match) and the continuation's log-likelihood (nats)."""
+        assert isinstance(result, LoglikelihoodResult)
+        (ll,), (greedy,) = result.loglikelihoods, result.is_greedy
+        scores: dict[str, float | None] = {
+            "acc,none": 1.0 if greedy else 0.0,
+            "loglikelihood,none": float(ll),
+        }
+        return Scored(scores=scores, extracted={}, target=doc_to_target(item.doc))
+
+
+def build(name: str, options: TaskOptions) -> LambadaTask:
+    """LAMBADA (zero-shot only: the local data has no few-shot split)."""
+    resolve_fewshot(name, options, 0, None)
+    return LambadaTask()
