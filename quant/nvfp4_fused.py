@@ -1,0 +1,112 @@
+"""Fused NVFP4 fast path: the kernel recipe of `quant.nvfp4` compiled with torch.compile (C++ on CPU).
+
+Same arithmetic as `nvfp4.quantize(x, global_scale=gs)` / `nvfp4.dequantize`, written so inductor can
+fuse each direction into one loop, and bit-identical to them (tests/quant/test_nvfp4_fused.py checks
+the oracle vectors and random tensors). Constants are fp32 values: inductor's C++ code multiplies by
+double literals, and a double product of two fp32 numbers rounded to fp32 is the fp32 product only
+when the literal is itself an fp32 value. The first call per dtype compiles (tens of seconds on a
+small CPU; cached on disk by inductor), so this path is opt-in: `get_format(name, fused=True)`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from quant import nvfp4
+from quant.errors import QuantError
+from quant.minifloat import F8_E4M3_MAX
+
+INV_6_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fl32(1/6), as the kernel's 1.0f / 6.0f
+# E2M1 decision points (ties to even): above a "strict" point rounds up, at it stays down
+_STRICT = (0.25, 1.25, 2.5, 5.0)  # ties go to the lower (even) code
+_INCLUSIVE = (0.75, 1.75, 3.5)  # ties go to the upper (even) code
+
+
+def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (int32) of float32 y: count the decision points passed, sign bit from y < 0."""
+    a = y.abs()
+    # int32 accumulation vectorizes in inductor's C++ (uint8 mask arithmetic does not)
+    mag = (a > _STRICT[0]).to(torch.int32)
+    for t in _STRICT[1:]:
+        mag = mag + (a > t).to(torch.int32)
+    for t in _INCLUSIVE:
+        mag = mag + (a >= t).to(torch.int32)
+    return mag + (y < 0).to(torch.int32) * 8
+
+
+def _quantize_impl(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [R, K] float, gs float32 [R, 1] -> packed uint8 [R, K/2], scale bytes [R, K/16], all-finite flag."""
+    rows = x.shape[0]
+    blocks = x.reshape(rows, -1, nvfp4.BLOCK_SIZE).to(torch.float32)  # [R, K/16, 16]
+    amax = blocks.abs().amax(dim=-1)  # [R, K/16]
+    sf = gs * (amax * INV_6_F32)
+    s = sf.clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn)
+    s32 = s.to(torch.float32)
+    out = torch.where(s32 != 0, 1.0 / (s32 * (1.0 / gs)), 0.0).unsqueeze(-1)  # [R, K/16, 1]
+    # one output byte per (even, odd) pair, so the codes never hit memory
+    pairs = x.reshape(rows, -1, nvfp4.BLOCK_SIZE // 2, 2).to(torch.float32)  # [R, K/16, 8, 2]
+    low, high = _e2m1_codes(pairs[..., 0] * out), _e2m1_codes(pairs[..., 1] * out)  # [R, K/16, 8]
+    packed = (low + high * 16).to(torch.uint8).reshape(rows, -1)  # [R, K/2]
+    return packed, s.view(torch.uint8), torch.isfinite(amax).all()
+
+
+def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
+    """packed uint8 [R, K/2], scale bytes [R, K/16], gs float32 [R, 1] -> float32 [R, K]."""
+    nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=-1)  # [R, K/2, 2]: low nibble first
+    codes = nibbles.reshape(packed.shape[0], -1, nvfp4.BLOCK_SIZE).to(torch.float32)  # [R, K/16, 16]
+    negative = codes >= 8
+    m = torch.where(negative, codes - 8.0, codes)
+    # E2M1 magnitude of index m, piecewise linear and exact: 0.5m below 4 (0..1.5), m - 2 for 4, 5
+    # (2, 3), 2m - 8 for 6, 7 (4, 6)
+    value = torch.where(m < 4, m * 0.5, torch.where(m < 6, m - 2.0, m * 2.0 - 8.0))
+    value = torch.where(negative, -value, value)
+    s = scales.view(torch.float8_e4m3fn).to(torch.float32).unsqueeze(-1)  # [R, K/16, 1]
+    return ((value * s) * (1.0 / gs).unsqueeze(-1)).reshape(packed.shape[0], -1)
+
+
+@functools.cache
+def _compiled(fn: Callable[..., object]) -> Callable[..., object]:
+    # rows are marked dynamic by the callers; K stays static so inductor emits plain vector loops
+    return torch.compile(fn, fullgraph=True)
+
+
+def _dynamic_rows(t: torch.Tensor) -> torch.Tensor:
+    torch._dynamo.maybe_mark_dynamic(t, 0)  # a hint: 0/1-row calls may still specialize
+    return t
+
+
+def _rows_gs(gs: torch.Tensor, lead: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """gs (shape () or broadcastable to [..., 1]) expanded to one value per row: float32 [R, 1]."""
+    return gs.to(device=device, dtype=torch.float32).expand(*lead, 1).reshape(-1, 1).contiguous()
+
+
+def quantize(
+    x: torch.Tensor,
+    *,
+    decode_scale: torch.Tensor | float | None = None,
+    global_scale: torch.Tensor | float | None = None,
+) -> nvfp4.NVFP4Tensor:
+    """Fused `nvfp4.quantize(..., recipe="kernel")`: same arguments, same bytes."""
+    nvfp4.check_input(x)
+    gs = nvfp4.resolve_global_scale(x, decode_scale, global_scale)
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    x2d = _dynamic_rows(x.reshape(-1, k))  # [R, K]
+    packed, scales, finite = _compiled(_quantize_impl)(x2d, _dynamic_rows(_rows_gs(gs, lead, x.device)))
+    if not bool(finite):
+        raise QuantError(nvfp4.NON_FINITE_MESSAGE)
+    return nvfp4.NVFP4Tensor(
+        packed=packed.reshape(*lead, k // 2), scales=scales.reshape(*lead, k // nvfp4.BLOCK_SIZE), global_scale=gs
+    )
+
+
+def dequantize(q: nvfp4.NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Fused `nvfp4.dequantize` of a kernel-recipe tensor: same float32 values, then cast to `dtype`."""
+    lead, half = tuple(q.packed.shape[:-1]), q.packed.shape[-1]
+    gs = _rows_gs(q.global_scale, lead, q.packed.device)
+    packed = _dynamic_rows(q.packed.reshape(-1, half))  # [R, K/2]
+    scales = _dynamic_rows(q.scales.reshape(-1, half // 8))  # [R, K/16]
+    values = _compiled(_dequantize_impl)(packed, scales, _dynamic_rows(gs))
+    return values.reshape(*lead, half * 2).to(dtype)
