@@ -1,0 +1,247 @@
+"""Run one task on one engine for one arm: items -> requests -> engine -> scores -> SampleRecords.
+
+Records are appended and flushed per finished sample (RecordWriter), so a killed run resumes where
+it stopped: a rerun skips the (item, repeat) keys already on disk and never writes one twice. The
+records already on disk must have been made by the same task, version and prompts (the prompt hash
+of every finished sample is recomputed and compared) and must all lie inside this run's selection;
+otherwise the run refuses with a RecordError before it writes anything.
+
+A sample that fails (the engine answered Failure, or scoring raised) is recorded with its error and
+no scores; it is never dropped and never scored as wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
+
+from evals.engines.base import (
+    Engine,
+    Failure,
+    GenerateRequest,
+    GenerateResult,
+    LoglikelihoodRequest,
+    LoglikelihoodResult,
+    TokenLogprobsRequest,
+)
+from evals.errors import EngineError, EvalError, RecordError
+from evals.records import RecordWriter, SampleRecord, TokenLogprobs, read_records, sha256_text
+from evals.sampling import sample_seed, select_items
+from evals.tasks.base import Item, Request, Result, Task
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK = 64  # samples per engine call: the engine batches inside it; records flush after it
+REQUEST_TYPES: dict[str, type] = {
+    "generate": GenerateRequest,
+    "loglikelihood": LoglikelihoodRequest,
+    "token_logprobs": TokenLogprobsRequest,
+}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What one `run_task` call did."""
+
+    task: str
+    arm: str
+    path: Path
+    items: int  # items selected (after `limit`)
+    samples: int  # items x repeats
+    skipped: int  # samples already on disk before this call (resume)
+    written: int  # samples written by this call
+    errors: int  # of those, samples recorded with an error
+    seconds: float  # wall time of this call
+    output_tokens: int = 0  # generated tokens of the samples written (generation tasks)
+
+    @property
+    def samples_per_second(self) -> float:
+        """Samples written per second of wall time (0 when nothing ran)."""
+        return self.written / self.seconds if self.seconds > 0 and self.written else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second of wall time (0 for tasks that generate nothing)."""
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Sample:
+    item: Item
+    repeat: int
+    seed: int
+    request: Request | None
+    prompt_hash: str
+    error: str | None  # building the request failed
+
+
+class _RateColumn(ProgressColumn):
+    """Samples per second and the time left, from all samples so far (chunks finish in bursts, so
+    rich's windowed speed estimate would mostly be empty)."""
+
+    def render(self, task) -> Text:
+        elapsed = task.finished_time if task.finished else task.elapsed
+        if not elapsed or not task.completed:
+            return Text("-- it/s  eta --:--", style="progress.data.speed")
+        rate = task.completed / elapsed
+        left = int((task.total - task.completed) / rate) if task.total is not None else 0
+        return Text(f"{rate:.2f} it/s  eta {left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}",
+                    style="progress.data.speed")
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn(),
+        TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled, transient=False,
+    )
+
+
+def _build_samples(task: Task, items: Sequence[Item], repeats: int, seed: int) -> list[_Sample]:
+    """Every (item, repeat) of the selection with its request and prompt hash, item-major."""
+    want = REQUEST_TYPES[task.kind]
+    samples: list[_Sample] = []
+    for item in items:
+        for repeat in range(repeats):
+            s = sample_seed(seed, task.name, item.item_id, repeat)
+            try:
+                req = task.request(item, repeat=repeat, seed=s)
+                if not isinstance(req, want):
+                    raise TypeError(f"task {task.name!r} of kind {task.kind!r} built a {type(req).__name__}")
+                samples.append(_Sample(item, repeat, s, req, sha256_text(task.prompt_text(req)), None))
+            except EvalError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - recorded as this sample's error
+                samples.append(_Sample(item, repeat, s, None, sha256_text(""), f"request: {type(exc).__name__}: {exc}"))
+    return samples
+
+
+def _check_existing(path: Path, task: Task, arm: str, samples: Sequence[_Sample]) -> None:
+    """Refuse to resume into records made by another task, arm, version, prompt or selection."""
+    existing = read_records(path)
+    if not existing:
+        return
+    by_key = {(s.item.item_id, s.repeat): s for s in samples}
+    hint = "write this run into a new output folder (or delete the old records)"
+    for rec in existing:
+        if rec.task != task.name or rec.arm != arm:
+            raise RecordError(f"{path}: holds records of task {rec.task!r} arm {rec.arm!r}, not {task.name!r} "
+                              f"arm {arm!r}; {hint}")
+        if rec.task_version != task.version:
+            raise RecordError(f"{path}: records are from {task.name} version {rec.task_version}, this is "
+                              f"{task.version}; {hint}")
+        sample = by_key.get(rec.key)
+        if sample is None:
+            raise RecordError(f"{path}: item {rec.item_id!r} repeat {rec.repeat} is on disk but not in this run's "
+                              f"selection (limit, repeats or seed changed?); {hint}")
+        if rec.prompt_hash != sample.prompt_hash and sample.error is None:
+            raise RecordError(f"{path}: item {rec.item_id!r} was run with a different prompt (task options "
+                              f"changed?); {hint}")
+
+
+def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Result | Failure]:
+    """One batched engine call for requests of one kind; results in request order."""
+    if kind == "generate":
+        results: list = engine.generate(requests)  # type: ignore[arg-type]
+    elif kind == "loglikelihood":
+        results = engine.loglikelihood(requests)  # type: ignore[arg-type]
+    else:
+        results = engine.token_logprobs(requests)  # type: ignore[arg-type]
+    if len(results) != len(requests):
+        raise EngineError(f"engine {engine.info.name!r} returned {len(results)} results for {len(requests)} requests")
+    return results
+
+
+def _record(task: Task, arm: str, sample: _Sample, result: Result | Failure | None, error: str | None) -> SampleRecord:
+    """The SampleRecord of one finished sample; a failed one has its error and no scores."""
+    meta: dict[str, str | int | float | bool | None] = {}
+    if isinstance(sample.request, GenerateRequest) and sample.request.temperature > 0:
+        meta["sample_seed"] = sample.seed
+    fields: dict = {}
+    if isinstance(result, GenerateResult):
+        fields = {"completion": result.text, "output_tokens": result.output_tokens,
+                  "finish_reason": result.finish_reason}
+    elif isinstance(result, LoglikelihoodResult):
+        fields = {"choice_loglikelihoods": list(result.loglikelihoods), "choice_is_greedy": list(result.is_greedy)}
+    elif isinstance(result, TokenLogprobs):
+        fields = {"token_logprobs": result}
+    if isinstance(result, Failure):
+        error = f"engine: {result.error}"
+    scores: dict[str, float | None] = {}
+    extracted: dict[str, str | None] = {}
+    target: str | None = None
+    if error is None and result is not None:
+        try:
+            scored = task.score(sample.item, result)  # type: ignore[arg-type]
+            scores, extracted, target = dict(scored.scores), dict(scored.extracted), scored.target
+        except Exception as exc:  # noqa: BLE001 - recorded as this sample's error
+            error = f"score: {type(exc).__name__}: {exc}"
+    if error is not None:
+        scores, extracted = {}, {}
+    return SampleRecord(
+        task=task.name, task_version=task.version, arm=arm, item_id=sample.item.item_id, repeat=sample.repeat,
+        cluster=sample.item.cluster, prompt_hash=sample.prompt_hash, target=target,
+        target_hash=sha256_text(target) if target is not None else None, extracted=extracted, scores=scores,
+        error=error, meta=meta, **fields,
+    )
+
+
+def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int | None = None, repeats: int = 1,
+             seed: int = 0, data_dir: Path | None = None, chunk: int = DEFAULT_CHUNK,
+             progress: bool = True) -> RunSummary:
+    """Run `task` on `engine` as arm `arm`, appending one record per (item, repeat) to `out_path`.
+
+    `limit` keeps a seeded random subset (the same items in every arm), `repeats` samples each item
+    that many times with per-repeat seeds; samples already in `out_path` are skipped (resume)."""
+    if repeats < 1:
+        raise EvalError(f"repeats must be >= 1, got {repeats}")
+    if chunk < 1:
+        raise EvalError(f"chunk must be >= 1, got {chunk}")
+    start = time.perf_counter()
+    items = select_items(task.items(data_dir), limit, seed)
+    samples = _build_samples(task, items, repeats, seed)
+    _check_existing(out_path, task, arm, samples)
+    written = errors = tokens = 0
+    with RecordWriter(out_path) as writer:
+        done = writer.done
+        todo = [s for s in samples if (s.item.item_id, s.repeat) not in done]
+        skipped = len(samples) - len(todo)
+        with _progress(progress) as bar:
+            bar_task = bar.add_task(f"{arm}/{task.name}", total=len(todo))
+            for lo in range(0, len(todo), chunk):
+                part = todo[lo : lo + chunk]
+                runnable = [s for s in part if s.request is not None]
+                results: dict[int, Result | Failure] = {}
+                if runnable:
+                    try:
+                        answers = _call_engine(engine, task.kind, [s.request for s in runnable])  # type: ignore[misc]
+                    except EvalError:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - the whole call failed: every sample records it
+                        answers = [Failure(f"{type(exc).__name__}: {exc}")] * len(runnable)
+                    results = {id(s): a for s, a in zip(runnable, answers, strict=True)}
+                for s in part:
+                    rec = _record(task, arm, s, results.get(id(s)), s.error)
+                    writer.write(rec)
+                    written += 1
+                    errors += rec.error is not None
+                    tokens += rec.output_tokens or 0
+                bar.advance(bar_task, len(part))
+    if errors:
+        log.warning("%s/%s: %d of %d samples failed (recorded with their errors)", arm, task.name, errors, written)
+    return RunSummary(task=task.name, arm=arm, path=out_path, items=len(items), samples=len(samples),
+                      skipped=skipped, written=written, errors=errors, seconds=time.perf_counter() - start,
+                      output_tokens=tokens)

@@ -1,0 +1,713 @@
+"""The emulated quantized KV cache: a transformers `Cache` that stores K and V as a kernel would (packed
+codes, block scales, a decode scale per layer) and hands attention the dequantized values.
+
+Each layer holds one `_Stream` for K and one for V. A stream keeps
+- the *main* region: old tokens, in the layer's format (a list of QuantizedTensor chunks);
+- the *recent* region: the last `recent_window` tokens in `recent_format`; a token leaving the window
+  is re-quantized to the main format from its stored recent-format value (what the cache holds);
+- a dequantized shadow of both (model dtype), appended chunk by chunk. Dequantization is elementwise
+  per block, so the shadow equals `dequantize(stored bytes)` exactly; attention reads the shadow.
+
+Scales (decode convention, x ~ stored * d): "static" from a calibrated KVScales (amax per layer or
+head -> `fmt.decode_scale_from_amax`), "constant" (one decode scale, vLLM's uncalibrated 1.0), or
+"dynamic": the amax of the first write of the layer (the prefill) *per sequence* (a [B, 1, 1, 1] scale),
+fixed from then on as a real cache does: decode tokens reuse it and may saturate. Per sequence, not
+per batch, so an item's result does not depend on what it was batched with; `set_padding_mask` keeps
+left-padding positions out of that amax.
+
+`prefill_reads_quantized=False` lets a multi-token write (a prefill chunk) attend to its own fresh K/V
+plus the quantized past; single-token decode steps always read the cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from quant.errors import QuantError
+from quant.formats import KVFormat, QuantizedTensor, get_format
+from quant.kv_spec import CORRUPTIBLE_FORMATS, KVQuantSpec, ScaleLayout
+from quant.scales import KVScales
+
+Kind = Literal["k", "v"]
+SUPPORTED_LAYER_TYPES: tuple[str, ...] = ("full_attention", "sliding_attention", "chunked_attention")
+SLIDING_LAYER_TYPES: tuple[str, ...] = ("sliding_attention", "chunked_attention")
+CORRUPT_BLOCK = 16  # elements per corrupted block: NVFP4's scale block along head_dim
+CONSOLIDATE_CHUNKS = 64  # merge the main region's chunk list when it grows past this (amortized concat)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """How K or V of one layer is stored."""
+
+    layer: int
+    kind: Kind
+    fmt: KVFormat  # main (old-token) format
+    recent_fmt: KVFormat | None  # None when window == 0
+    window: int
+    static_scale: torch.Tensor | None  # main decode scale, () or [1, H, 1, 1]; None = dynamic
+    recent_static_scale: torch.Tensor | None
+    dynamic: bool  # scales from the first write, per sequence
+    multiplier: float  # fault hook: every decode scale times this
+    scale_layout: ScaleLayout  # fault hook: how block-scale bytes are read back (V only)
+    corrupt_fraction: float  # fault hook: share of 16-element blocks whose codes are overwritten
+    corrupt_seed: int
+
+
+@dataclass(frozen=True)
+class LayerStorage:
+    """Bytes the cache holds for one layer (quantized codes, block scales, decode scales)."""
+
+    layer: int
+    format: str
+    k_bytes: int
+    v_bytes: int
+    k_elements: int  # stored K values (batch * heads * tokens * head_dim)
+    v_elements: int
+
+
+def _cat(chunks: list[QuantizedTensor]) -> QuantizedTensor:
+    """Concatenate same-format, same-scale chunks [B, H, T_i, ...] along the token dim (-2 of each tensor)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    first = chunks[0]
+    data = {key: torch.cat([c.data[key] for c in chunks], dim=-2) for key in first.data}
+    tokens = sum(c.shape[-2] for c in chunks)
+    return replace(first, shape=(*first.shape[:-2], tokens, first.shape[-1]), data=data)
+
+
+def _slice(q: QuantizedTensor, start: int, stop: int) -> QuantizedTensor:
+    """Tokens start:stop of q [B, H, T, ...]."""
+    data = {key: t[..., start:stop, :] for key, t in q.data.items()}
+    return replace(q, shape=(*q.shape[:-2], stop - start, q.shape[-1]), data=data)
+
+
+def _data_bytes(q: QuantizedTensor) -> int:
+    return sum(t.numel() * t.element_size() for t in q.data.values())
+
+
+def _read_scales(scales: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
+    """Block-scale bytes [B, H, T, nb] as a reader with the wrong layout would see them (fault emulation).
+
+    "transposed": each token's [H, nb] scale matrix, written row-major, is read column-major (the identity
+    when H == 1 or nb == 1, e.g. Gemma-3 270M's single KV head: use "reversed" there);
+    "reversed": each token's H * nb scale bytes are read in reverse order (never the identity for > 1 block).
+    """
+    if layout == "linear":
+        return scales
+    b, h, t, nb = scales.shape
+    per_token = scales.permute(0, 2, 1, 3).reshape(b, t, h * nb)  # [B, T, H*nb], written order
+    if layout == "reversed":
+        read = per_token.flip(-1)
+    else:  # transposed: reader's (h, j) is written flat index j * H + h
+        read = per_token.reshape(b, t, nb, h).transpose(-1, -2)
+    return read.reshape(b, t, h, nb).permute(0, 2, 1, 3)  # [B, H, T, nb]
+
+
+def _as_4d(d: torch.Tensor) -> torch.Tensor:
+    """A decode scale () or [B|1, H|1, 1, 1] as 4-D."""
+    return d.reshape(1, 1, 1, 1) if d.dim() == 0 else d
+
+
+def _seed(*parts: int) -> int:
+    digest = hashlib.sha256(",".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+class _Stream:
+    """K or V of one layer: quantized main + recent regions and their dequantized shadows."""
+
+    def __init__(self, plan: StreamPlan) -> None:
+        self.plan = plan
+        self.reset()
+
+    def reset(self) -> None:
+        self.main: list[QuantizedTensor] = []
+        self.main_view: torch.Tensor | None = None  # [B, H, T_main, D] model dtype
+        self.recent: QuantizedTensor | None = None
+        self.recent_view: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = self._static(self.plan.fmt, self.plan.static_scale)
+        self.recent_scale: torch.Tensor | None = (
+            self._static(self.plan.recent_fmt, self.plan.recent_static_scale)
+            if self.plan.recent_fmt
+            else None
+        )
+        self.scales_ready = not self.plan.dynamic
+        self.writes = 0  # quantized main chunks written so far (seeds corruption)
+        self.dtype: torch.dtype | None = None
+
+    def _static(self, fmt: KVFormat, d: torch.Tensor | None) -> torch.Tensor | None:
+        if not fmt.needs_tensor_scale or d is None:
+            return None
+        return d * self.plan.multiplier
+
+    # ---- lengths and views ----
+    @property
+    def main_len(self) -> int:
+        return 0 if self.main_view is None else self.main_view.shape[-2]
+
+    @property
+    def recent_len(self) -> int:
+        return 0 if self.recent_view is None else self.recent_view.shape[-2]
+
+    def __len__(self) -> int:
+        return self.main_len + self.recent_len
+
+    def view(self) -> torch.Tensor:
+        """Dequantized stored tokens [B, H, T, D] in model dtype, oldest first."""
+        parts = [v for v in (self.main_view, self.recent_view) if v is not None and v.shape[-2]]
+        if not parts:
+            assert self.main_view is not None or self.recent_view is not None
+            return self.main_view if self.main_view is not None else self.recent_view  # type: ignore[return-value]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    # ---- writing ----
+    def init_dynamic_scales(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Per-sequence decode scales from amax over heads, tokens and dims of x [B, H, T, D]."""
+        a = x.detach().abs().to(torch.float32)
+        if valid is not None:  # [B, T] bool: padding positions do not count
+            a = torch.where(valid[:, None, :, None].to(a.device), a, 0.0)
+        amax = a.amax(dim=(1, 2, 3), keepdim=True)  # [B, 1, 1, 1]
+        if not bool(torch.isfinite(amax).all()):
+            raise QuantError(
+                f"layer {self.plan.layer} {self.plan.kind.upper()} holds NaN or Inf: a KV cache with "
+                "non-finite values is a model bug"
+            )
+        for attr, fmt in (("scale", self.plan.fmt), ("recent_scale", self.plan.recent_fmt)):
+            if fmt is not None and fmt.needs_tensor_scale:
+                setattr(self, attr, fmt.decode_scale_from_amax(amax) * self.plan.multiplier)
+        self.scales_ready = True
+
+    def _dequantize(self, fmt: KVFormat, q: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
+        if (
+            self.plan.scale_layout != "linear"
+            and "scales" in q.data
+            and q.data["scales"].dtype == torch.uint8
+        ):
+            q = replace(q, data={**q.data, "scales": _read_scales(q.data["scales"], self.plan.scale_layout)})
+        return fmt.dequantize(q, dtype)
+
+    def _corrupt(self, q: QuantizedTensor) -> QuantizedTensor:
+        """Overwrite the codes of a seeded random share of 16-element blocks with random bytes (a fault)."""
+        key = "packed" if "packed" in q.data else "codes"
+        codes = q.data[key]
+        raw = codes.view(torch.uint8)
+        bytes_per_block = CORRUPT_BLOCK * raw.shape[-1] // q.shape[-1]  # 8 for 4-bit codes, 16 for 8-bit
+        blocks = raw.reshape(
+            *raw.shape[:-1], raw.shape[-1] // bytes_per_block, bytes_per_block
+        )  # [B, H, T, nblk, bpb]
+        gen = torch.Generator().manual_seed(
+            _seed(self.plan.corrupt_seed, self.plan.layer, self.plan.kind == "v", self.writes)
+        )
+        hit = torch.rand(blocks.shape[:-1], generator=gen) < self.plan.corrupt_fraction  # [B, H, T, nblk]
+        noise = torch.randint(0, 256, blocks.shape, generator=gen, dtype=torch.uint8)
+        out = torch.where(hit.unsqueeze(-1).to(raw.device), noise.to(raw.device), blocks).reshape(raw.shape)
+        return replace(q, data={**q.data, key: out.view(codes.dtype)})
+
+    def _append_main(self, x: torch.Tensor) -> None:
+        q = self.plan.fmt.quantize(x, self.scale)
+        if self.plan.corrupt_fraction > 0:
+            q = self._corrupt(q)
+        self.add_main_chunk(q, self._dequantize(self.plan.fmt, q, self.dtype))  # type: ignore[arg-type]
+
+    def add_main_chunk(self, q: QuantizedTensor, new: torch.Tensor) -> None:
+        """Append a quantized chunk and its dequantized values [B, H, n, D] to the main region."""
+        self.writes += 1
+        self.main.append(q)
+        if len(self.main) > CONSOLIDATE_CHUNKS:
+            self.main = [_cat(self.main)]
+        self.main_view = new if self.main_view is None else torch.cat([self.main_view, new], dim=-2)
+
+    def _append_recent(self, x: torch.Tensor) -> None:
+        fmt = self.plan.recent_fmt
+        assert fmt is not None
+        q = fmt.quantize(x, self.recent_scale)
+        new = self._dequantize(fmt, q, self.dtype)  # type: ignore[arg-type]
+        self.recent = q if self.recent is None else _cat([self.recent, q])
+        self.recent_view = new if self.recent_view is None else torch.cat([self.recent_view, new], dim=-2)
+
+    def append(self, x: torch.Tensor) -> None:
+        """Store new tokens x [B, H, n, D]; tokens pushed out of the recent window move to the main format."""
+        self.dtype = x.dtype
+        n = x.shape[-2]
+        window = self.plan.window
+        if window == 0:
+            if n or self.main_view is None:
+                self._append_main(x)
+            return
+        r = self.recent_len
+        overflow = max(0, r + n - window)
+        move = min(overflow, r)
+        if move:  # oldest recent tokens leave the window: re-quantize their stored values
+            assert (
+                self.recent is not None and self.recent_view is not None and self.plan.recent_fmt is not None
+            )
+            leaving = _slice(self.recent, 0, move)
+            self._append_main(self._dequantize(self.plan.recent_fmt, leaving, torch.float32))
+            self.recent = _slice(self.recent, move, r)
+            self.recent_view = self.recent_view[..., move:, :]
+        direct = overflow - move  # new tokens already older than the window: straight to the main format
+        if direct:
+            self._append_main(x[..., :direct, :].contiguous())
+        if n - direct or self.recent_view is None:
+            self._append_recent(x[..., direct:, :].contiguous())
+        if self.main_view is None:  # keep an empty main view so view() has a shape to fall back on
+            self.main_view = x[..., :0, :]
+
+    # ---- removing tokens ----
+    def _consolidate(self) -> None:
+        if len(self.main) > 1:
+            self.main = [_cat(self.main)]
+
+    def drop_oldest(self, n: int) -> None:
+        """Forget the n oldest stored tokens (sliding-window eviction)."""
+        from_main = min(n, self.main_len)
+        if from_main:
+            self._consolidate()
+            self.main = [_slice(self.main[0], from_main, self.main_len)]
+            self.main_view = self.main_view[..., from_main:, :]  # type: ignore[index]
+        rest = n - from_main
+        if rest:
+            assert self.recent is not None and self.recent_view is not None
+            self.recent = _slice(self.recent, rest, self.recent_len)
+            self.recent_view = self.recent_view[..., rest:, :]
+
+    def drop_latest(self, n: int) -> None:
+        """Forget the n newest stored tokens (crop)."""
+        from_recent = min(n, self.recent_len)
+        if from_recent:
+            assert self.recent is not None and self.recent_view is not None
+            keep = self.recent_len - from_recent
+            self.recent = _slice(self.recent, 0, keep)
+            self.recent_view = self.recent_view[..., :keep, :]
+        rest = n - from_recent
+        if rest:
+            self._consolidate()
+            keep = self.main_len - rest
+            self.main = [_slice(self.main[0], 0, keep)]
+            self.main_view = self.main_view[..., :keep, :]  # type: ignore[index]
+
+    # ---- batch ----
+    def map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply a batch-dim operation (select, repeat, reorder) to every stored tensor and per-row scale."""
+        if self.plan.dynamic and self.scales_ready:
+            self.scale = fn(self.scale) if self.scale is not None else None
+            self.recent_scale = fn(self.recent_scale) if self.recent_scale is not None else None
+
+        def remap(q: QuantizedTensor, scale: torch.Tensor | None) -> QuantizedTensor:
+            data = {key: fn(t) for key, t in q.data.items()}
+            first = next(iter(data.values()))
+            return replace(
+                q,
+                data=data,
+                scale=scale if q.scale is not None else None,
+                shape=(first.shape[0], *q.shape[1:]),
+            )
+
+        self.main = [remap(q, self.scale) for q in self.main]
+        self.recent = remap(self.recent, self.recent_scale) if self.recent is not None else None
+        self.main_view = fn(self.main_view) if self.main_view is not None else None
+        self.recent_view = fn(self.recent_view) if self.recent_view is not None else None
+
+    # ---- inspection ----
+    def stored(self) -> tuple[QuantizedTensor | None, QuantizedTensor | None]:
+        """(main, recent) quantized regions as single QuantizedTensors (None when empty)."""
+        self._consolidate()
+        return (self.main[0] if self.main else None), self.recent
+
+    def nbytes(self) -> int:
+        """Stored bytes: codes and block scales of both regions, plus each decode scale tensor once."""
+        total = sum(_data_bytes(q) for q in self.main) + (_data_bytes(self.recent) if self.recent else 0)
+        for d in (self.scale if self.main else None, self.recent_scale if self.recent else None):
+            if d is not None:
+                total += d.numel() * d.element_size()
+        return total
+
+    def elements(self) -> int:
+        """Number of stored K or V values."""
+        v = self.view() if len(self) else None
+        return 0 if v is None else v.numel()
+
+
+class QuantizedKVLayer(DynamicLayer):
+    """One full-attention layer of the emulated cache: K and V stored quantized, read dequantized."""
+
+    is_sliding = False
+
+    def __init__(self, k_plan: StreamPlan, v_plan: StreamPlan, prefill_reads_quantized: bool = True) -> None:
+        super().__init__()
+        self.k = _Stream(k_plan)
+        self.v = _Stream(v_plan)
+        self.prefill_reads_quantized = prefill_reads_quantized
+        self.cumulative_length = 0
+        self.padding_mask: torch.Tensor | None = None  # [B, T_first] bool, for dynamic amax only
+        # a recent window cannot be rolled back exactly: tokens it pushed out stay re-quantized
+        self.is_croppable = k_plan.window == 0
+
+    @property
+    def format(self) -> str:
+        """Main storage format of this layer."""
+        return self.k.plan.fmt.name
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Record device and dtype; storage starts empty."""
+        self.device = key_states.device
+        self.keys = key_states[..., :0, :]
+        self.values = value_states[..., :0, :]
+        self.is_initialized = True
+
+    def _write(
+        self, key_states: torch.Tensor, value_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[-2]
+        if not self.k.scales_ready and n:
+            valid = self.padding_mask
+            if valid is not None and tuple(valid.shape) != (key_states.shape[0], n):
+                valid = None  # the mask was for another batch or prompt length
+            self.k.init_dynamic_scales(key_states, valid)
+            self.v.init_dynamic_scales(value_states, valid)
+        if self._joint:
+            self._append_joint(key_states, value_states)
+        else:
+            self.k.append(key_states)
+            self.v.append(value_states)
+        self.cumulative_length += n
+        keys, values = self.k.view(), self.v.view()
+        self.keys, self.values = keys, values
+        if not self.prefill_reads_quantized and n > 1:
+            keys = torch.cat([keys[..., : keys.shape[-2] - n, :], key_states], dim=-2)
+            values = torch.cat([values[..., : values.shape[-2] - n, :], value_states], dim=-2)
+        return keys, values
+
+    @property
+    def _joint(self) -> bool:
+        """K and V can go through one quantize / dequantize call (fewer kernel launches per decode step)."""
+        pk, pv = self.k.plan, self.v.plan
+        return (
+            pk.window == 0
+            and pk.fmt.name == pv.fmt.name
+            and pk.corrupt_fraction == pv.corrupt_fraction == 0
+            and pv.scale_layout == "linear"
+        )
+
+    def _append_joint(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Quantize K and V stacked [2, B, H, n, D] with their own decode scales (same bytes as 2 calls)."""
+        if key_states.shape != value_states.shape or key_states.dtype != value_states.dtype:
+            self.k.append(key_states)
+            self.v.append(value_states)
+            return
+        fmt = self.k.plan.fmt
+        self.k.dtype = self.v.dtype = key_states.dtype
+        dk, dv = self.k.scale, self.v.scale
+        d = None
+        if dk is not None and dv is not None:  # () or [B|1, H|1, 1, 1] each -> [2, B|1, H|1, 1, 1]
+            d = torch.stack(torch.broadcast_tensors(_as_4d(dk), _as_4d(dv)))
+        q = fmt.quantize(torch.stack([key_states, value_states]), d)
+        new = fmt.dequantize(q, key_states.dtype)  # [2, B, H, n, D]
+        for i, (stream, scale) in enumerate(((self.k, dk), (self.v, dv))):
+            part = QuantizedTensor(
+                q.format, tuple(key_states.shape), {key: t[i] for key, t in q.data.items()}, scale
+            )
+            stream.add_main_chunk(part, new[i])
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store K/V [B, H, n, D] quantized; return everything attention sees (dequantized), oldest first."""
+        return self._write(key_states, value_states)
+
+    def get_seq_length(self) -> int:
+        """Tokens written so far."""
+        return self.cumulative_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) for the attention mask."""
+        return self.cumulative_length + query_length, 0
+
+    def reset(self) -> None:
+        """Drop all stored tokens and dynamic scales."""
+        self.k.reset()
+        self.v.reset()
+        self.keys = self.values = None
+        self.is_initialized = False
+        self.cumulative_length = 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last |tokens_to_remove| tokens (negative count, as DynamicLayer.crop)."""
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative number of tokens to remove")
+        n = min(abs(tokens_to_remove), self.cumulative_length)
+        if n == 0 or not self.is_initialized:
+            return
+        self.k.drop_latest(n)
+        self.v.drop_latest(n)
+        self.cumulative_length -= n
+        self.keys, self.values = self.k.view(), self.v.view()
+
+    def _map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        if not self.is_initialized:
+            return
+        self.k.map_batch(fn)
+        self.v.map_batch(fn)
+        self.keys = fn(self.keys) if self.keys is not None else None
+        self.values = fn(self.values) if self.values is not None else None
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every sequence `repeats` times (prefix reuse): stored bytes copied, never re-quantized."""
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the sequences `indices`."""
+        self._map_batch(lambda t: t[indices.to(t.device)])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Reorder sequences for beam search (stored bytes move as they are)."""
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def offload(self) -> None:
+        """Not supported: the emulated cache stays on its device."""
+
+    def prefetch(self) -> None:
+        """Not supported: the emulated cache stays on its device."""
+
+    def storage(self, layer: int) -> LayerStorage:
+        """Bytes and element counts of this layer's stored K and V."""
+        return LayerStorage(
+            layer=layer,
+            format=self.format,
+            k_bytes=self.k.nbytes(),
+            v_bytes=self.v.nbytes(),
+            k_elements=self.k.elements(),
+            v_elements=self.v.elements(),
+        )
+
+
+class QuantizedSlidingKVLayer(QuantizedKVLayer):
+    """A sliding-window layer (Gemma-3 local attention): keeps the last `sliding_window - 1` tokens."""
+
+    is_sliding = True
+
+    def __init__(
+        self,
+        k_plan: StreamPlan,
+        v_plan: StreamPlan,
+        sliding_window: int,
+        prefill_reads_quantized: bool = True,
+    ) -> None:
+        super().__init__(k_plan, v_plan, prefill_reads_quantized)
+        self.sliding_window = sliding_window
+        self.is_croppable = False
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store, return past window + new tokens (dequantized), then evict down to `sliding_window - 1`."""
+        keys, values = self._write(key_states, value_states)
+        excess = len(self.k) - (self.sliding_window - 1)
+        if excess > 0:
+            self.k.drop_oldest(excess)
+            self.v.drop_oldest(excess)
+            self.keys, self.values = self.k.view(), self.v.view()
+        return keys, values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) as DynamicSlidingWindowLayer."""
+        kv_offset = max(self.cumulative_length - self.sliding_window + 1, 0)
+        if self.cumulative_length >= self.sliding_window:
+            return self.sliding_window - 1 + query_length, kv_offset
+        return self.cumulative_length + query_length, kv_offset
+
+    def get_max_length(self) -> int:
+        """The window size."""
+        return self.sliding_window
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Crop within the window only (evicted tokens cannot come back)."""
+        if self.cumulative_length >= self.sliding_window and tokens_to_remove != 0:
+            raise QuantError("cannot crop a sliding-window layer of the quantized cache past its window")
+        super().crop(tokens_to_remove)
+
+
+class QuantizedKVCache(Cache):
+    """The emulated quantized KV cache; build it with `make_cache`."""
+
+    def __init__(self, layers: list[QuantizedKVLayer], spec: KVQuantSpec) -> None:
+        super().__init__(layers=layers)
+        self.spec = spec
+
+    def set_padding_mask(self, attention_mask: torch.Tensor) -> None:
+        """Exclude padding positions ([B, T] 0/1 mask of the first write) from dynamic per-sequence amax."""
+        for layer in self.layers:
+            layer.padding_mask = attention_mask.bool()
+
+    def storage(self) -> list[LayerStorage]:
+        """Per-layer stored bytes and element counts."""
+        return [layer.storage(i) for i, layer in enumerate(self.layers)]
+
+    def nbytes(self) -> int:
+        """Total stored bytes (K and V of every layer)."""
+        return sum(s.k_bytes + s.v_bytes for s in self.storage())
+
+    def clone(self) -> QuantizedKVCache:
+        """An independent copy (e.g. of a few-shot prefix) that shares no tensors; nothing is re-quantized."""
+        return copy.deepcopy(self)
+
+
+class ObservingCache(DynamicCache):
+    """A plain DynamicCache showing each written K/V [B, H, n, D] (after RoPE) to `observer(layer, k, v)`."""
+
+    def __init__(self, config, observer: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
+        super().__init__(config=config)
+        self.observer = observer
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Observe, then store and return unchanged (the model's outputs are not affected)."""
+        self.observer(layer_idx, key_states, value_states)
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+# ---------------------------------------------------------------- factory
+
+
+@dataclass(frozen=True)
+class ModelKVShape:
+    """What the cache needs to know about a model's attention layers."""
+
+    layer_types: tuple[str, ...]
+    sliding_windows: tuple[int | None, ...]
+    num_kv_heads: int
+    head_dim: int
+
+
+def model_kv_shape(model_config) -> ModelKVShape:
+    """Layer types, windows, KV heads and head_dim of a decoder-only model; QuantError if unsupported."""
+    if getattr(model_config, "is_encoder_decoder", False):
+        raise QuantError(
+            f"model type {model_config.model_type!r} is encoder-decoder; the quantized KV cache "
+            "supports decoder-only models"
+        )
+    cfg = model_config.get_text_config(decoder=True)
+    num_layers = getattr(cfg, "num_hidden_layers", None)
+    heads = getattr(cfg, "num_attention_heads", None)
+    if not num_layers or not heads:
+        raise QuantError(
+            f"model type {cfg.model_type!r}: no num_hidden_layers / num_attention_heads in its config; "
+            "the quantized KV cache supports transformers decoder-only attention models"
+        )
+    try:
+        from transformers.cache_utils import get_layer_types_and_kwargs
+
+        types, kwargs = get_layer_types_and_kwargs(cfg)
+        windows = [kw.get("sliding_window") for kw in kwargs]
+    except (ImportError, AttributeError):  # older transformers: infer from the config
+        types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * num_layers)
+        windows = [getattr(cfg, "sliding_window", None) if t in SLIDING_LAYER_TYPES else None for t in types]
+    bad = sorted(set(types) - set(SUPPORTED_LAYER_TYPES))
+    if bad:
+        raise QuantError(
+            f"model type {cfg.model_type!r} has layer types {bad}; the quantized KV cache supports "
+            f"{', '.join(SUPPORTED_LAYER_TYPES)} layers only"
+        )
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    return ModelKVShape(tuple(types), tuple(windows), int(kv_heads), int(head_dim))
+
+
+def _check_format_fits(fmt: KVFormat, head_dim: int, layer: int) -> None:
+    try:
+        fmt.quantize(torch.ones(1, 1, 1, head_dim), None)
+    except QuantError as exc:
+        raise QuantError(
+            f"layer {layer}: format {fmt.name!r} cannot store head_dim {head_dim}: {exc}"
+        ) from None
+
+
+def _scale_for(
+    spec: KVQuantSpec, scales: KVScales | None, fmt: KVFormat, layer: int, kind: Kind
+) -> torch.Tensor | None:
+    """Static or constant decode scale of one stream (before the fault multiplier), None when dynamic."""
+    if spec.scales == "constant":
+        return torch.tensor(float(spec.constant_scale), dtype=torch.float32)  # type: ignore[arg-type]
+    if spec.scales == "static":
+        assert scales is not None
+        return fmt.decode_scale_from_amax(scales.amax(layer, kind))
+    return None
+
+
+def make_cache(model_config, spec: KVQuantSpec, scales: KVScales | None = None) -> QuantizedKVCache:
+    """A fresh emulated KV cache for a model config; static scales from `scales` or `spec.scales_file`."""
+    shape = model_kv_shape(model_config)
+    num_layers = len(shape.layer_types)
+    named = sorted({*spec.skip_layers, *spec.layer_formats})
+    if named and named[-1] >= num_layers:
+        raise QuantError(
+            f"kv cache spec names layer {named[-1]}, but the model has {num_layers} layers "
+            f"(0..{num_layers - 1})"
+        )
+    if spec.scales == "static":
+        if scales is None:
+            if spec.scales_file is None:
+                raise QuantError(
+                    "scales = 'static' needs calibrated scales: set scales_file (made by `qa calibrate`)"
+                )
+            scales = KVScales.load(spec.scales_file)
+        if scales.num_layers != num_layers:
+            raise QuantError(
+                f"the scales file covers {scales.num_layers} layers, the model has {num_layers}; "
+                "calibrate scales for this model"
+            )
+        if scales.meta.granularity == "head" and scales.meta.num_kv_heads != shape.num_kv_heads:
+            raise QuantError(
+                f"the scales file has {scales.meta.num_kv_heads} KV heads per layer, the model has "
+                f"{shape.num_kv_heads}"
+            )
+    elif scales is not None:
+        raise QuantError(
+            f"scales were given but the spec uses scales = {spec.scales!r}; set scales = 'static'"
+        )
+
+    recent_fmt = get_format(spec.recent_format) if spec.recent_window else None
+    if recent_fmt is not None:
+        _check_format_fits(recent_fmt, shape.head_dim, 0)
+    layers: list[QuantizedKVLayer] = []
+    for i, (layer_type, window) in enumerate(zip(shape.layer_types, shape.sliding_windows)):
+        fmt = get_format(spec.layer_format(i))
+        _check_format_fits(fmt, shape.head_dim, i)
+        skipped = fmt.name == "none"
+        layer_recent = None if skipped else recent_fmt
+        plans = [
+            StreamPlan(
+                layer=i,
+                kind=kind,
+                fmt=fmt,
+                recent_fmt=layer_recent,
+                window=0 if layer_recent is None else spec.recent_window,
+                static_scale=_scale_for(spec, scales, fmt, i, kind),
+                recent_static_scale=_scale_for(spec, scales, layer_recent, i, kind) if layer_recent else None,
+                dynamic=spec.scales == "dynamic",
+                multiplier=spec.scale_multiplier,
+                scale_layout=spec.v_scale_layout if kind == "v" else "linear",
+                corrupt_fraction=spec.corrupt_block_fraction if fmt.name in CORRUPTIBLE_FORMATS else 0.0,
+                corrupt_seed=spec.corrupt_seed,
+            )
+            for kind in ("k", "v")
+        ]
+        if layer_type in SLIDING_LAYER_TYPES:
+            if not window:
+                raise QuantError(f"layer {i} is {layer_type} but the config has no window size")
+            layers.append(
+                QuantizedSlidingKVLayer(
+                    *plans, sliding_window=int(window), prefill_reads_quantized=spec.prefill_reads_quantized
+                )
+            )
+        else:
+            layers.append(QuantizedKVLayer(*plans, prefill_reads_quantized=spec.prefill_reads_quantized))
+    return QuantizedKVCache(layers, spec)

@@ -1,0 +1,127 @@
+"""KVQuantSpec: the validated description of an emulated KV cache (format per layer, scales, recent window).
+
+Parsed once at the boundary (TOML / CLI / fault presets) into a frozen model; unknown keys are errors.
+The fault-injection fields (`scale_multiplier`, `v_scale_layout`, `corrupt_block_fraction`) default to
+a correct cache; `quant.faults` names presets built from them.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from quant.errors import QuantError
+from quant.formats import get_format
+
+ScaleMode = Literal["dynamic", "static", "constant"]
+ScaleLayout = Literal["linear", "transposed", "reversed"]
+
+# Formats whose stored bytes include per-block scale bytes (`data["scales"]`, one per block of head_dim).
+BLOCK_SCALED_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4")
+# Formats whose element codes are plain bytes that any random value can replace (no NaN encodings).
+CORRUPTIBLE_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4", "int4", "int8")
+
+
+class KVQuantSpec(BaseModel):
+    """How the emulated KV cache stores K and V; defaults: a dynamic-scale NVFP4 cache on every layer."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: str = "nvfp4"  # format of every layer not named in layer_formats / skip_layers
+    layer_formats: dict[int, str] = Field(default_factory=dict)  # per-layer override: {layer index: format}
+    skip_layers: tuple[
+        int, ...
+    ] = ()  # kept unquantized (format "none"), like vLLM's kv_cache_dtype_skip_layers
+    # dynamic: per-sequence amax of the first write of each layer (the prefill), reused for later tokens;
+    # static: calibrated amax per layer (and head) from `scales_file` or a KVScales passed to make_cache;
+    # constant: `constant_scale` as the decode scale of every layer (vLLM's uncalibrated default 1.0)
+    scales: ScaleMode = "dynamic"
+    scales_file: Path | None = None
+    constant_scale: float | None = None
+    recent_window: int = Field(default=0, ge=0)  # last N positions kept in recent_format (0 = no window)
+    recent_format: str = "fp8_e4m3"
+    prefill_reads_quantized: bool = True  # False: a multi-token write attends to its fresh K/V
+    # fault hooks (issue 7): defaults are a correct cache
+    scale_multiplier: float = Field(default=1.0, gt=0)  # every decode scale times this (10.0: 10x too large)
+    v_scale_layout: ScaleLayout = "linear"  # how V block-scale bytes of a token are read back (see kv_cache)
+    corrupt_block_fraction: float = Field(
+        default=0.0, ge=0.0, lt=1.0
+    )  # share of 16-element blocks with random codes
+    corrupt_seed: int = 0
+
+    @field_validator("format", "recent_format")
+    @classmethod
+    def _known_format(cls, name: str) -> str:
+        get_format(name)
+        return name
+
+    @field_validator("layer_formats")
+    @classmethod
+    def _known_layer_formats(cls, formats: dict[int, str]) -> dict[int, str]:
+        for layer, name in formats.items():
+            if layer < 0:
+                raise ValueError(f"layer_formats: layer index {layer} is negative")
+            get_format(name)
+        return formats
+
+    @field_validator("skip_layers")
+    @classmethod
+    def _valid_skip_layers(cls, layers: tuple[int, ...]) -> tuple[int, ...]:
+        if any(i < 0 for i in layers):
+            raise ValueError(f"skip_layers must be layer indices >= 0, got {list(layers)}")
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"skip_layers lists a layer twice: {list(layers)}")
+        return layers
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KVQuantSpec:
+        if self.scales == "constant" and self.constant_scale is None:
+            raise ValueError("scales = 'constant' needs constant_scale (a decode scale, e.g. 1.0)")
+        if self.scales != "constant" and self.constant_scale is not None:
+            raise ValueError("constant_scale is only used with scales = 'constant'")
+        if self.constant_scale is not None and not (0 < self.constant_scale < float("inf")):
+            raise ValueError(f"constant_scale must be positive and finite, got {self.constant_scale}")
+        if self.scales_file is not None and self.scales != "static":
+            raise ValueError("scales_file is only used with scales = 'static'")
+        overlap = sorted(set(self.skip_layers) & set(self.layer_formats))
+        if overlap:
+            raise ValueError(f"layers {overlap} are both skipped and given a format in layer_formats")
+        used = {self.format, *self.layer_formats.values()}
+        if self.v_scale_layout != "linear" and not used & set(BLOCK_SCALED_FORMATS):
+            raise ValueError(
+                f"v_scale_layout = {self.v_scale_layout!r} needs a block-scaled format "
+                f"({', '.join(BLOCK_SCALED_FORMATS)})"
+            )
+        if self.corrupt_block_fraction > 0 and not used & set(CORRUPTIBLE_FORMATS):
+            raise ValueError(
+                f"corrupt_block_fraction needs one of the formats {', '.join(CORRUPTIBLE_FORMATS)}"
+            )
+        return self
+
+    def layer_format(self, layer: int) -> str:
+        """Format name of `layer`'s main (old-token) storage: "none" for skipped layers."""
+        if layer in self.skip_layers:
+            return "none"
+        return self.layer_formats.get(layer, self.format)
+
+
+def kv_spec_from_dict(data: dict[str, Any]) -> KVQuantSpec:
+    """Validate a plain dict (TOML table, CLI options, fault preset) into a KVQuantSpec; else QuantError."""
+    try:
+        return KVQuantSpec.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "kv cache spec"
+        if first["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(where, list(KVQuantSpec.model_fields), n=1)
+            hint = (
+                f"did you mean {close[0]!r}?"
+                if close
+                else f"known keys: {', '.join(KVQuantSpec.model_fields)}"
+            )
+            raise QuantError(f"kv cache spec: unknown key {where!r}; {hint}") from None
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        raise QuantError(f"kv cache spec: {where}: {msg}") from None
