@@ -201,6 +201,10 @@ def run_arm(config: ArmConfig, tasks: Sequence[TaskSpec | Task], out_dir: Path, 
     arm_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(arm_dir / ARM_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     engine = build_engine(config.engine, model, config.engine_args)
+    # What the engine says of itself (not part of the fingerprint): the report warns when it is not
+    # bit-reproducible, since then a rerun of the same arm may itself flip answers.
+    manifest = {**manifest, "engine_info": {"name": engine.info.name, "deterministic": engine.info.deterministic}}
+    atomic_write_text(arm_dir / ARM_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     summaries: list[RunSummary] = []
     try:
         for task, _, limit, repeats in built:

@@ -1,7 +1,8 @@
 """Run one task on one engine for one arm: items -> requests -> engine -> scores -> SampleRecords.
 
 Records are appended and flushed per finished sample (RecordWriter), so a killed run resumes where
-it stopped: a rerun skips the (item, repeat) keys already on disk and never writes one twice. The
+it stopped: a rerun skips the (item, repeat) keys already on disk and never writes one twice (a
+partly written chunk is re-run whole, so every batch is the one an uninterrupted run makes). The
 records already on disk must have been made by the same task, version and prompts (the prompt hash
 of every finished sample is recomputed and compared) and must all lie inside this run's selection;
 otherwise the run refuses with a RecordError before it writes anything.
@@ -217,12 +218,16 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
     written = errors = tokens = 0
     with RecordWriter(out_path) as writer:
         done = writer.done
-        todo = [s for s in samples if (s.item.item_id, s.repeat) not in done]
-        skipped = len(samples) - len(todo)
+        skipped = sum((s.item.item_id, s.repeat) in done for s in samples)
+        # Chunks are cut from the whole selection, not from what is left: a resumed run re-runs a
+        # partly written chunk whole (writing only its missing samples) so every engine call, and
+        # so every batch, is the one an uninterrupted run makes: batch composition changes floats.
+        parts = [samples[lo : lo + chunk] for lo in range(0, len(samples), chunk)]
         with _progress(progress) as bar:
-            bar_task = bar.add_task(f"{arm}/{task.name}", total=len(todo))
-            for lo in range(0, len(todo), chunk):
-                part = todo[lo : lo + chunk]
+            bar_task = bar.add_task(f"{arm}/{task.name}", total=len(samples) - skipped)
+            for part in parts:
+                if all((s.item.item_id, s.repeat) in done for s in part):
+                    continue
                 runnable = [s for s in part if s.request is not None]
                 results: dict[int, Result | Failure] = {}
                 if runnable:
@@ -233,13 +238,14 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
                     except Exception as exc:  # noqa: BLE001 - the whole call failed: every sample records it
                         answers = [Failure(f"{type(exc).__name__}: {exc}")] * len(runnable)
                     results = {id(s): a for s, a in zip(runnable, answers, strict=True)}
-                for s in part:
+                fresh = [s for s in part if (s.item.item_id, s.repeat) not in done]
+                for s in fresh:
                     rec = _record(task, arm, s, results.get(id(s)), s.error)
                     writer.write(rec)
                     written += 1
                     errors += rec.error is not None
                     tokens += rec.output_tokens or 0
-                bar.advance(bar_task, len(part))
+                bar.advance(bar_task, len(fresh))
     if errors:
         log.warning("%s/%s: %d of %d samples failed (recorded with their errors)", arm, task.name, errors, written)
     return RunSummary(task=task.name, arm=arm, path=out_path, items=len(items), samples=len(samples),

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from qa.errors import USER_ERRORS
+from qa.logs import quiet_third_party_logs
 from qa.rundir import load_run_spec
 from qa.spec import RunSpec
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    quiet_third_party_logs()
     try:
         spec = load_run_spec(args.run_dir)
         if args.role == "calibrate":

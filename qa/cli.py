@@ -7,6 +7,7 @@ import logging
 import sys
 
 from qa.app import app
+from qa.logs import quiet_third_party_logs
 
 # Each module registers its commands on `app`; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     from qa.errors import USER_ERRORS
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
+    quiet_third_party_logs()
     _load_commands()
     try:
         rc = app(args=argv, standalone_mode=False)

@@ -67,6 +67,8 @@ def resolved_engine_args(spec: RunSpec, role: ArmRole, run_dir: Path | None) -> 
     """An arm's engine arguments as its engine receives them (calibrated scales filled in)."""
     arm = spec.arms[role]
     args = dict(arm.engine_args)
+    if spec.trust_remote_code and arm.engine in ("hf", "vllm"):
+        args.setdefault("trust_remote_code", True)  # off unless the spec says so
     kv = args.get("kv")
     if (arm.engine == "hf" and isinstance(kv, dict) and kv.get("scales") == "static"
             and "scales" not in args and spec.calibration is not None and run_dir is not None):
@@ -116,6 +118,21 @@ def _arm_python(engine: str) -> str:
     return sys.executable
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when `qa run` dies (Linux), so that no orphaned arm
+    keeps appending to the records a restarted run is writing."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+CHILD_SETUP = _die_with_parent if sys.platform == "linux" else None
+
+
 def run_arm_process(run_dir: Path, role: ArmRole, spec: RunSpec, data_dir: Path | None) -> None:
     """Run one arm in a child process (`python -m qa.arm_worker`); a failure is one QAError line."""
     cmd = [_arm_python(spec.arms[role].engine), "-m", "qa.arm_worker", str(run_dir), role]
@@ -124,7 +141,7 @@ def run_arm_process(run_dir: Path, role: ArmRole, spec: RunSpec, data_dir: Path 
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
-    proc = subprocess.run(cmd, env=env)
+    proc = subprocess.run(cmd, env=env, preexec_fn=CHILD_SETUP, check=False)
     if proc.returncode != 0:
         raise QAError(f"arm {role!r} stopped with exit code {proc.returncode} (see its error above); "
                       "finished samples are kept: re-run the same command to resume")
@@ -132,26 +149,29 @@ def run_arm_process(run_dir: Path, role: ArmRole, spec: RunSpec, data_dir: Path 
 
 def calibrate_step(spec: RunSpec, run_dir: Path, data_dir: Path | None) -> Path:
     """Calibrate the candidate's static KV scales once (skipped when the file already exists)."""
+    from quant.scales import scales_paths
+
     out = scales_path(run_dir)
-    if out.exists():
+    if all(p.exists() for p in scales_paths(out)):  # a kill between the two writes leaves only one
         return out
     cal = spec.calibration
     assert cal is not None
     cmd = [sys.executable, "-m", "qa.arm_worker", str(run_dir), "calibrate"]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
-    proc = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")})
+    proc = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")},
+                          preexec_fn=CHILD_SETUP, check=False)
     if proc.returncode != 0:
         raise QAError(f"calibration stopped with exit code {proc.returncode} (see its error above)")
     return out
 
 
-def compare_step(spec: RunSpec, run_dir: Path):  # -> Comparison
+def compare_step(spec: RunSpec, run_dir: Path, spec_dir: Path | None = None):  # -> Comparison
     """Pair the arms' records and write comparison.json."""
     from qa.compare import compare
     from qa.policy import resolve_policy
 
-    policy = resolve_policy(spec.policy, None)
+    policy = resolve_policy(spec.policy, spec_dir)
     config = stats_config(policy, spec.seed)
     base = _arm_source(spec, "baseline", run_dir)
     cand = _arm_source(spec, "candidate", run_dir)
@@ -209,10 +229,37 @@ def write_env_json(spec: RunSpec, run_dir: Path, data_dir: Path | None) -> None:
     write_env(run_dir / "env.json", collect_env(model_hashes=models, data_hashes=data))
 
 
+def preflight(spec: RunSpec, run_dir: Path, data_dir: Path | None, spec_dir: Path | None) -> None:
+    """Check everything a run names before any work (policy, tasks and their data, models, KV and
+    engine arguments, calibration format), so a mistake is one error line, not an arm crash later."""
+    from qa.policy import resolve_policy
+    from quant.formats import get_format
+
+    resolve_policy(spec.policy, spec_dir)
+    plan(spec, data_dir, run_dir)  # every task by name, its data files read
+    if spec.calibration is not None:
+        get_format(spec.calibration.format)
+    for role, arm in spec.arms.items():
+        if arm.engine in ("hf", "vllm"):
+            from evals.models import resolve_model
+
+            resolve_model(spec.arm_model(role))
+        if arm.engine == "hf":
+            from evals.engines.hf import check_args
+            from quant.scales import scales_paths
+
+            args = resolved_engine_args(spec, role, run_dir)
+            done = all(p.exists() for p in scales_paths(scales_path(run_dir)))
+            pending = args.get("scales") == str(scales_path(run_dir)) and not done
+            check_args(args, load_scales=not pending)  # the calibration step writes pending scales
+
+
 def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path | None):  # -> Verdict
     """The whole pipeline into `run_dir` (resuming a run of the same spec)."""
     if not spec.tasks and any(a.engine != "lmeval" for a in spec.arms.values()):
         raise SpecError("the spec names no tasks")
+    prepare_run_dir(spec, run_dir, check_only=True)
+    preflight(spec, run_dir, data_dir, spec_dir)
     prepare_run_dir(spec, run_dir)
     if not (run_dir / "env.json").exists():
         write_env_json(spec, run_dir, data_dir)
@@ -221,5 +268,5 @@ def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path |
     for role, arm in spec.arms.items():
         if arm.engine != "lmeval":
             run_arm_process(run_dir, role, spec, data_dir)
-    compare_step(spec, run_dir)
+    compare_step(spec, run_dir, spec_dir)
     return gate_and_report(spec, run_dir, spec_dir)

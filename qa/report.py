@@ -397,6 +397,20 @@ def floor_notes(inp: ReportInputs) -> list[str]:
     return notes
 
 
+def engine_notes(run_dir: Path) -> list[str]:
+    """One line per arm whose engine says it is not bit-reproducible (from records/<arm>/arm.json)."""
+    notes = []
+    for path in sorted(run_dir.glob("records/*/arm.json")):
+        try:
+            info = json.loads(path.read_text(encoding="utf-8")).get("engine_info") or {}
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, OSError):
+            continue
+        if isinstance(info, dict) and info.get("deterministic") is False:
+            notes.append(f"arm {path.parent.name}: engine {info.get('name')!r} is not deterministic, so a rerun of "
+                         "the same arm can flip answers by itself; add an [arms.rerun] to measure that noise floor.")
+    return notes
+
+
 def _flat_env(env: dict[str, object], prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for k, v in env.items():
@@ -540,6 +554,8 @@ def render_markdown(inp: ReportInputs, plot_files: dict[str, str] | None = None)
         lines += [f"  - warning: {md_cell(w)}" for w in t.warnings]
     for note in floor_notes(inp):
         lines += ["", f"> **Accuracy carries no information here.** {md_cell(note)}"]
+    for note in engine_notes(inp.run_dir):
+        lines += ["", f"> **Not deterministic.** {md_cell(note)}"]
     headers = [_k_label(v) if h == "k-SE rule" else h for h in HEADERS]
     cells = [table_row(t, gated_estimate(c, t)) for t in v.tasks]
     lines += ["", "## Results", ""] + _md_table(headers, [[_md_cell(x) for x in r] for r in cells], raw=True)
@@ -692,6 +708,8 @@ def render_html(inp: ReportInputs, figs: Figures) -> str:
     parts.append("</ul>")
     for note in floor_notes(inp):
         parts.append(f'<div class="callout"><b>Accuracy carries no information here.</b> {_e(note)}</div>')
+    for note in engine_notes(inp.run_dir):
+        parts.append(f'<div class="callout"><b>Not deterministic.</b> {_e(note)}</div>')
     rows = []
     for t in v.tasks:
         cells = [_html_cell(x) for x in table_row(t, gated_estimate(c, t))]

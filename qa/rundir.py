@@ -21,8 +21,9 @@ def default_run_dir(spec: RunSpec) -> Path:
     return Path("reports") / "runs" / spec.name
 
 
-def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:
-    """Create `run_dir` with its spec.toml, or check that it already holds this same spec."""
+def prepare_run_dir(spec: RunSpec, run_dir: Path, *, check_only: bool = False) -> Path:
+    """Create `run_dir` with its spec.toml, or check that it already holds this same spec
+    (`check_only`: refuse a folder of another run, but create nothing)."""
     spec_path = run_dir / SPEC_FILE
     if spec_path.exists():
         old = parse_spec(spec_path.read_text(encoding="utf-8"), str(spec_path))
@@ -35,6 +36,8 @@ def prepare_run_dir(spec: RunSpec, run_dir: Path) -> Path:
         return run_dir
     if run_dir.exists() and any(run_dir.iterdir()):
         raise SpecError(f"{run_dir} is not empty and holds no {SPEC_FILE}; pass a new --out folder")
+    if check_only:
+        return run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(spec_path, dump_spec(spec))
     return run_dir

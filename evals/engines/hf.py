@@ -70,6 +70,7 @@ class HFEngineArgs(BaseModel):
     scales: Path | None = None  # static KV scales file (calibration output)
     prefix_reuse: bool = True
     add_bos_token: bool | None = None  # None: the tokenizer's default, as lm-eval
+    trust_remote_code: bool = False  # run the model repo's own Python: only when the spec says so
 
 
 def parse_args(args: Mapping[str, Any]) -> HFEngineArgs:
@@ -713,13 +714,20 @@ def _kv_spec(kv: Mapping[str, Any] | None, scales: Path | None) -> tuple[Any, An
     return spec, loaded
 
 
+def check_args(args: Mapping[str, Any], *, load_scales: bool = True) -> None:
+    """Validate engine arguments and the KV spec (and read the scales file) without loading a model."""
+    parsed = parse_args(args)
+    _kv_spec(parsed.kv, parsed.scales if load_scales else None)
+
+
 def build(model: ResolvedModel, args: Mapping[str, Any]) -> HFEngine:
     """Load `model` with transformers and wrap it as the `hf` engine."""
     parsed = parse_args(args)
     spec, scales = _kv_spec(parsed.kv, parsed.scales)
     if parsed.device.startswith("cuda") and not torch.cuda.is_available():
         raise EngineError(f"hf engine: device {parsed.device!r} requested but CUDA is not available; use device = 'cpu'")
-    hf_model, tokenizer = load_model(model, dtype=parsed.dtype, device=parsed.device)
+    hf_model, tokenizer = load_model(model, dtype=parsed.dtype, device=parsed.device,
+                                     trust_remote_code=parsed.trust_remote_code)
     engine = HFEngine(hf_model, tokenizer, parsed, model.name, kv_spec=spec, scales=scales)
     if spec is not None:
         from quant.errors import QuantError

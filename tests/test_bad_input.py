@@ -1,0 +1,304 @@
+"""Bad input, tried systematically against the real CLI: every case is one `error:` line on stderr,
+exit code 2, no traceback, and a finished file planted in the output folder left byte-identical.
+
+Each case builds its inputs under tmp_path and runs `python -m qa.cli ...` in a subprocess; the
+cases run concurrently (each one mostly waits on imports). Cases that load no model stop before
+any work: `qa run` checks every name, file and argument of a spec up front (qa.pipeline.preflight).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from evals.records import SampleRecord, sha256_text, write_records
+from tests.evals.lmeval_fixtures import mc_lines, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+FINISHED = {"report.html": "<html>finished run</html>\n", "verdict.json": '{"status": "pass"}\n',
+            "comparison.json": '{"finished": true}\n'}
+
+GOOD_SPEC = """\
+name = "bad-input"
+model = "smollm2-135m"
+seed = 3
+[arms.baseline]
+engine = "hf"
+[arms.candidate]
+engine = "hf"
+engine_args = { kv = { format = "nvfp4", scales = "dynamic" } }
+[[tasks]]
+name = "arc_easy"
+limit = 4
+"""
+
+
+def _data_dir() -> Path:
+    value = os.environ.get("QA_DATA_DIR") or (str(SHARED_DATA) if SHARED_DATA.is_dir() else "")
+    if not value or not (Path(value) / "arc_easy").is_dir():
+        pytest.skip("the shared data folder is not available (set QA_DATA_DIR)")
+    return Path(value)
+
+
+def _plant(out: Path, spec_text: str | None) -> None:
+    """A folder holding a finished run: its spec (so `qa run` of that spec resumes there) and results."""
+    out.mkdir(parents=True, exist_ok=True)
+    if spec_text is not None:
+        from qa.errors import SpecError
+        from qa.spec import dump_spec, parse_spec
+
+        with contextlib.suppress(SpecError):  # an invalid spec never gets this far: no spec.toml planted
+            (out / "spec.toml").write_text(dump_spec(parse_spec(spec_text)))
+    for name, text in FINISHED.items():
+        (out / name).write_text(text)
+
+
+def _spec(tmp: Path, text: str, *extra: str) -> list[str]:
+    spec = tmp / "spec.toml"
+    spec.write_text(text)
+    _plant(tmp / "out", text)
+    return ["run", str(spec), "--out", str(tmp / "out"), *extra]
+
+
+def _swap(text: str, old: str, new: str) -> str:
+    assert old in text
+    return text.replace(old, new)
+
+
+def _data_copy(tmp: Path, data: Path, skip: str) -> Path:
+    """A data folder linking every dataset of `data` except `skip`."""
+    copy = tmp / "data"
+    copy.mkdir()
+    for p in data.iterdir():
+        if p.name != skip:
+            (copy / p.name).symlink_to(p)
+    return copy
+
+
+# ------------------------------------------------------------------------------------ cases
+
+
+def case_toml(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, GOOD_SPEC.replace("[arms.baseline]", "[arms.baseline"))
+
+
+def case_unknown_key(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, "seed = 3", "seed = 3\nsed = 4"))
+
+
+def case_bad_value(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, "limit = 4", "limit = 0"))
+
+
+def case_unknown_engine_arg(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, 'engine = "hf"\n[arms.candidate]',
+                            'engine = "hf"\nengine_args = { batch_sise = 4 }\n[arms.candidate]'))
+
+
+def case_unknown_engine(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, 'engine = "hf"\n[arms.candidate]', 'engine = "hff"\n[arms.candidate]'))
+
+
+def case_unknown_task(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, '"arc_easy"', '"arc_eazy"'))
+
+
+def case_unknown_format(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, '"nvfp4"', '"nvfp5"'))
+
+
+def case_unknown_model(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, '"smollm2-135m"', '"smollm9-135m"'))
+
+
+def case_policy_unknown_key(tmp: Path, data: Path) -> list[str]:
+    (tmp / "policy.toml").write_text("[default]\nmargn = 0.02\n")
+    return _spec(tmp, _swap(GOOD_SPEC, "seed = 3", 'seed = 3\npolicy = "policy.toml"'))
+
+
+def case_policy_missing(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, "seed = 3", 'seed = 3\npolicy = "no-such-policy.toml"'))
+
+
+def case_data_dir_missing(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, GOOD_SPEC, "--data-dir", str(tmp / "no-such-data"))
+
+
+def case_data_file_missing(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, GOOD_SPEC, "--data-dir", str(_data_copy(tmp, data, skip="arc_easy")))
+
+
+def case_data_file_truncated(tmp: Path, data: Path) -> list[str]:
+    copy = _data_copy(tmp, data, skip="arc_easy")
+    (copy / "arc_easy").mkdir()
+    raw = (data / "arc_easy" / "arc_easy.jsonl").read_bytes()
+    (copy / "arc_easy" / "arc_easy.jsonl").write_bytes(raw[: len(raw) // 2])  # cut mid-line
+    return _spec(tmp, GOOD_SPEC, "--data-dir", str(copy))
+
+
+def case_gpqa_wrong_password(tmp: Path, data: Path) -> list[str]:
+    copy = _data_copy(tmp, data, skip="gpqa")
+    (copy / "gpqa").mkdir()
+    src = tmp / "src" / "dataset"
+    src.mkdir(parents=True)
+    (src / "gpqa_diamond.csv").write_text("Question,Correct Answer\nq,a\n")
+    subprocess.run(["zip", "-q", "-r", "-P", "not-the-password", str(copy / "gpqa" / "dataset.zip"), "dataset"],
+                   cwd=tmp / "src", check=True)
+    return _spec(tmp, _swap(GOOD_SPEC, '"arc_easy"', '"gpqa_diamond_zeroshot"'), "--data-dir", str(copy))
+
+
+def case_nan_scales(tmp: Path, data: Path) -> list[str]:
+    import torch
+    from safetensors.torch import save_file
+
+    amax = torch.full((30,), 2.0)
+    amax[7] = float("nan")
+    save_file({"k_amax": amax, "v_amax": torch.full((30,), 2.0), "k_scale": torch.full((30,), 2.0 / 2688),
+               "v_scale": torch.full((30,), 2.0 / 2688)}, str(tmp / "nan.safetensors"),
+              metadata={"format": "nvfp4", "convention": "decode: d = amax / 2688"})
+    meta = {"format": "nvfp4", "convention": "decode: d = amax / 2688", "observer": "absmax", "granularity": "tensor",
+            "num_layers": 30, "num_kv_heads": 3, "model": "smollm2-135m", "seed": 0,
+            "data": {"name": "wikitext2", "sha256": "0" * 64, "n_samples": 2, "seq_len": 64}}
+    (tmp / "nan.json").write_text(json.dumps(meta))
+    return _spec(tmp, _swap(GOOD_SPEC, 'scales = "dynamic" }', f'scales = "static" }}, scales = "{tmp / "nan.safetensors"}"'))
+
+
+def case_other_run(tmp: Path, data: Path) -> list[str]:
+    args = _spec(tmp, GOOD_SPEC)
+    (tmp / "spec.toml").write_text(_swap(GOOD_SPEC, "limit = 4", "limit = 5"))  # the folder holds limit 4
+    return args
+
+
+def case_foreign_folder(tmp: Path, data: Path) -> list[str]:
+    args = _spec(tmp, GOOD_SPEC)
+    (tmp / "out" / "spec.toml").unlink()  # results but no spec: not a run folder of ours
+    return args
+
+
+def _compare(tmp: Path, base: Path, cand: Path) -> list[str]:
+    _plant(tmp / "out", None)
+    return ["compare", str(base), str(cand), "--out", str(tmp / "out"), "--bootstrap", "0"]
+
+
+def case_lmeval_missing_items(tmp: Path, data: Path) -> list[str]:
+    write_run(tmp / "base", {"arc_easy": mc_lines([1, 0, 1, 1, 0, 1])})
+    write_run(tmp / "cand", {"arc_easy": mc_lines([1, 0, 1, 1])})
+    return _compare(tmp, tmp / "base", tmp / "cand")
+
+
+def case_lmeval_mismatched_items(tmp: Path, data: Path) -> list[str]:
+    write_run(tmp / "base", {"arc_easy": mc_lines([1, 0, 1, 1])})
+    write_run(tmp / "cand", {"arc_easy": mc_lines([1, 0, 1, 1], prompt_tag="Other prompt. ")})
+    return _compare(tmp, tmp / "base", tmp / "cand")
+
+
+def case_lmeval_folder_empty(tmp: Path, data: Path) -> list[str]:
+    write_run(tmp / "base", {"arc_easy": mc_lines([1, 0, 1, 1])})
+    (tmp / "cand").mkdir()
+    return _compare(tmp, tmp / "base", tmp / "cand")
+
+
+def _records(folder: Path, arm: str, version: str) -> None:
+    recs = [SampleRecord(task="arc_easy", task_version=version, arm=arm, item_id=str(i),
+                         prompt_hash=sha256_text(f"Question {i}"), scores={"acc,none": float(i % 2)})
+            for i in range(6)]
+    write_records(folder / "arc_easy.jsonl", recs)
+
+
+def case_records_other_version(tmp: Path, data: Path) -> list[str]:
+    _records(tmp / "base", "baseline", "1")
+    _records(tmp / "cand", "candidate", "2")
+    return _compare(tmp, tmp / "base", tmp / "cand")
+
+
+def case_records_torn_middle(tmp: Path, data: Path) -> list[str]:
+    _records(tmp / "base", "baseline", "1")
+    _records(tmp / "cand", "candidate", "1")
+    path = tmp / "cand" / "arc_easy.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + lines[2][:40] + "\n" + "".join(lines[3:]))  # not a crash artefact
+    return _compare(tmp, tmp / "base", tmp / "cand")
+
+
+@dataclass(frozen=True)
+class Case:
+    build: Callable[[Path, Path], list[str]]
+    needle: str  # what the one error line must name (case-insensitive)
+
+
+CASES: dict[str, Case] = {
+    "malformed toml": Case(case_toml, "not valid TOML"),
+    "unknown spec key": Case(case_unknown_key, "sed"),
+    "bad spec value": Case(case_bad_value, "limit"),
+    "unknown engine argument": Case(case_unknown_engine_arg, "batch_sise"),
+    "unknown engine": Case(case_unknown_engine, "engine"),
+    "unknown task": Case(case_unknown_task, "arc_eazy"),
+    "unknown KV format": Case(case_unknown_format, "nvfp5"),
+    "unknown model": Case(case_unknown_model, "smollm9-135m"),
+    "policy with unknown key": Case(case_policy_unknown_key, "margn"),
+    "policy file missing": Case(case_policy_missing, "no-such-policy.toml"),
+    "data folder missing": Case(case_data_dir_missing, "no-such-data"),
+    "data file missing": Case(case_data_file_missing, "arc_easy"),
+    "data file truncated": Case(case_data_file_truncated, "arc_easy"),
+    "wrong GPQA password": Case(case_gpqa_wrong_password, "password"),
+    "NaN in scales file": Case(case_nan_scales, "NaN"),
+    "folder holds another run": Case(case_other_run, "holds another run"),
+    "folder holds foreign files": Case(case_foreign_folder, "not empty"),
+    "lm-eval folder missing items": Case(case_lmeval_missing_items, "arc_easy"),
+    "lm-eval folders with mismatched items": Case(case_lmeval_mismatched_items, "prompt"),
+    "lm-eval folder empty": Case(case_lmeval_folder_empty, "samples"),
+    "records from another task version": Case(case_records_other_version, "version"),
+    "records corrupt mid-file": Case(case_records_torn_middle, "corrupt"),
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rc: int
+    stderr: str
+    planted: dict[str, bytes | None]  # finished files after the command (None: gone)
+
+
+def _run(name: str, root: Path, data: Path) -> Outcome:
+    tmp = root / name.replace(" ", "_")
+    tmp.mkdir()
+    args = CASES[name].build(tmp, data)
+    env = {**os.environ, "QA_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "qa.cli", *args], cwd=tmp, env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    out = tmp / "out"
+    planted = {n: (out / n).read_bytes() if (out / n).exists() else None for n in FINISHED}
+    return Outcome(proc.returncode, proc.stderr, planted)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    data = _data_dir()
+    if shutil.which("zip") is None:
+        pytest.skip("the zip tool is needed to build a GPQA zip with a wrong password")
+    root = tmp_path_factory.mktemp("bad_input")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {name: pool.submit(_run, name, root, data) for name in CASES}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_exit_2_and_touches_no_finished_file(name: str, outcomes: dict[str, Outcome]) -> None:
+    got = outcomes[name]
+    assert "Traceback" not in got.stderr, got.stderr
+    errors = [line for line in got.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, got.stderr
+    assert CASES[name].needle.lower() in errors[0].lower(), errors[0]
+    assert got.rc == 2, got.stderr
+    assert got.planted == {n: t.encode() for n, t in FINISHED.items()}
