@@ -47,7 +47,7 @@ class CalibrationSpec(BaseModel):
     n_samples: int = Field(default=32, ge=1)
     seq_len: int = Field(default=512, ge=2)
     batch_size: int = Field(default=4, ge=1)
-    mse_max_tokens: int = Field(default=8192, ge=1)  # mse observer: tokens (evenly strided) its error is measured on
+    mse_max_tokens: int = Field(default=8192, ge=1)  # mse: tokens (evenly strided) the error is measured on
     seed: int = 0
 
 
@@ -130,9 +130,11 @@ class _Percentile:
 class _MSE:
     """Squared reconstruction error of the format for every clip factor c * amax, per group."""
 
-    def __init__(self, fmt: KVFormat, by_head: bool, amax: _Absmax, grid: Sequence[float], stride: int) -> None:
+    def __init__(
+        self, fmt: KVFormat, by_head: bool, amax: _Absmax, grid: Sequence[float], stride: int
+    ) -> None:
         self.fmt = fmt
-        self.stride = stride  # every stride-th token of each sequence: bounds the cost of 32 trial quantizations
+        self.stride = stride  # every stride-th token of each sequence: bounds the cost of 32 trial runs
         self.by_head = by_head
         self.amax = amax
         self.grid = torch.tensor(grid, dtype=torch.float32)  # [C]

@@ -170,7 +170,7 @@ def inspect_kv(
         ids = row.unsqueeze(0).to(device)  # [1, T]
         kv, calls = _capture(model, ids)
         for i in range(layer_count):
-            k, v = kv[i]
+            k, v = kv[i][0].contiguous(), kv[i][1].contiguous()
             cache = make_cache(model.config, spec, scales)
             layer: QuantizedKVLayer = cache.layers[i]
             formats[i] = layer.format
@@ -183,7 +183,7 @@ def inspect_kv(
                 a.noise += float((hf - xf).square().sum())
                 a.amax = max(a.amax, float(xf.abs().max()))
                 fmt = stream.plan.fmt
-                main_hat = fmt.dequantize(fmt.quantize(x, stream.scale), torch.float32)
+                main_hat = fmt.dequantize(fmt.quantize(x.contiguous(), stream.scale), torch.float32)
                 limit = (
                     float(1.0 / fmt.decode_scale_from_amax(torch.tensor(1.0)))
                     if fmt.needs_tensor_scale
@@ -242,7 +242,7 @@ def plot_report(report: InspectReport, path: Path) -> Path:
     ax1.bar([i - w / 2 for i in idx], k, width=w, label="K")
     ax1.bar([i + w / 2 for i in idx], v, width=w, label="V")
     ax1.set_ylabel("SQNR (dB)")
-    ax1.legend()
+    ax1.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: the bars fill the axes
     fmt = report.spec.get("format", "")
     ax1.set_title(f"{report.model or 'model'}: {fmt} KV cache, scales {report.scales}")
     ax2.bar(idx, [r.attn_rel_error for r in report.layers], color="gray")

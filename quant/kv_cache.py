@@ -234,6 +234,7 @@ class _Stream:
 
     def append(self, x: torch.Tensor) -> None:
         """Store new tokens x [B, H, n, D]; tokens pushed out of the recent window move to the main format."""
+        x = x.contiguous()  # attention hands K/V as a transposed view; the quantizers prefer dense input
         self.dtype = x.dtype
         n = x.shape[-2]
         window = self.plan.window
@@ -347,6 +348,7 @@ class QuantizedKVLayer(DynamicLayer):
         self.prefill_reads_quantized = prefill_reads_quantized
         self.cumulative_length = 0
         self.padding_mask: torch.Tensor | None = None  # [B, T_first] bool, for dynamic amax only
+        self._joint_scale: tuple | None = None  # (K scale, V scale, both stacked) for the joint K/V path
         # a recent window cannot be rolled back exactly: tokens it pushed out stay re-quantized
         self.is_croppable = k_plan.window == 0
 
@@ -407,10 +409,13 @@ class QuantizedKVLayer(DynamicLayer):
         fmt = self.k.plan.fmt
         self.k.dtype = self.v.dtype = key_states.dtype
         dk, dv = self.k.scale, self.v.scale
-        d = None
-        if dk is not None and dv is not None:  # () or [B|1, H|1, 1, 1] each -> [2, B|1, H|1, 1, 1]
-            d = torch.stack(torch.broadcast_tensors(_as_4d(dk), _as_4d(dv)))
-        q = fmt.quantize(torch.stack([key_states, value_states]), d)
+        cached = self._joint_scale
+        if cached is None or cached[0] is not dk or cached[1] is not dv:  # scales set or remapped since
+            d = None
+            if dk is not None and dv is not None:  # () or [B|1, H|1, 1, 1] each -> [2, B|1, H|1, 1, 1]
+                d = torch.stack(torch.broadcast_tensors(_as_4d(dk), _as_4d(dv)))
+            cached = self._joint_scale = (dk, dv, d)
+        q = fmt.quantize(torch.stack([key_states, value_states]), cached[2])
         new = fmt.dequantize(q, key_states.dtype)  # [2, B, H, n, D]
         for i, (stream, scale) in enumerate(((self.k, dk), (self.v, dv))):
             part = QuantizedTensor(

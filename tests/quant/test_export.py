@@ -1,0 +1,96 @@
+"""Scale export for vLLM (per-layer k_scale / v_scale tensors) and compressed-tensors (kv_cache_scheme)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from quant.errors import QuantError
+from quant.export import SCALES_FILE, SCHEME_FILE, export_scales, kv_cache_scheme
+from quant.scales import CalibrationData, KVScales, ScalesMeta
+
+
+def _scales(fmt: str = "nvfp4", granularity: str = "tensor") -> KVScales:
+    div = {"nvfp4": 2688.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}[fmt]
+    k = torch.tensor([[1.0, 3.0], [2.0, 0.5], [8.0, 4.0]])  # [L=3, H=2]
+    v = torch.tensor([[0.25, 0.5], [6.0, 1.0], [2.0, 2.0]])
+    if granularity == "tensor":
+        k, v = k.amax(-1), v.amax(-1)
+    meta = ScalesMeta(
+        format=fmt,
+        convention="decode",
+        observer="absmax",
+        granularity=granularity,
+        num_layers=3,
+        num_kv_heads=2,
+        model="m",
+        data=CalibrationData(name="d", sha256="0", n_samples=1, seq_len=8),
+        seed=0,
+    )
+    return KVScales(k_amax=k, v_amax=v, k_scale=k / div, v_scale=v / div, meta=meta)
+
+
+def test_vllm_export_names_dtypes_and_values(tmp_path):
+    paths = export_scales(_scales(), "vllm", tmp_path)
+    assert [p.name for p in paths] == [SCALES_FILE]
+    with safe_open(str(paths[0]), "pt") as f:
+        names = sorted(f.keys())
+        assert names == sorted(f"model.layers.{i}.self_attn.{kind}_scale" for i in range(3) for kind in "kv")
+        expect_k, expect_v = [3.0, 2.0, 8.0], [0.5, 6.0, 2.0]
+        for i in range(3):
+            k = f.get_tensor(f"model.layers.{i}.self_attn.k_scale")
+            v = f.get_tensor(f"model.layers.{i}.self_attn.v_scale")
+            assert k.dtype == v.dtype == torch.float32 and k.shape == v.shape == ()
+            assert float(k) == pytest.approx(expect_k[i] / (448 * 6), rel=1e-7)
+            assert float(v) == pytest.approx(expect_v[i] / (448 * 6), rel=1e-7)
+        assert f.metadata()["format"] == "nvfp4"
+
+
+def test_vllm_export_of_head_scales_takes_the_max_over_heads(tmp_path):
+    (path,) = export_scales(_scales("fp8_e4m3", "head"), "vllm", tmp_path)
+    with safe_open(str(path), "pt") as f:
+        assert float(f.get_tensor("model.layers.0.self_attn.k_scale")) == pytest.approx(3.0 / 448, rel=1e-7)
+        assert float(f.get_tensor("model.layers.1.self_attn.v_scale")) == pytest.approx(6.0 / 448, rel=1e-7)
+
+
+def test_compressed_tensors_scheme_blocks(tmp_path):
+    paths = export_scales(_scales("nvfp4"), "compressed-tensors", tmp_path)
+    assert [p.name for p in paths] == [SCALES_FILE, SCHEME_FILE]
+    block = json.loads(paths[1].read_text())["kv_cache_scheme"]
+    assert block == {
+        "num_bits": 4,
+        "type": "float",
+        "strategy": "tensor_group",
+        "group_size": 16,
+        "dynamic": "local",
+        "symmetric": True,
+        "scale_dtype": "torch.float8_e4m3fn",
+    }
+    assert kv_cache_scheme(_scales("fp8_e4m3")) == {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": "tensor",
+        "dynamic": False,
+        "symmetric": True,
+    }
+    assert kv_cache_scheme(_scales("fp8_e4m3", "head"))["strategy"] == "attn_head"
+
+
+def test_compressed_tensors_accepts_the_blocks():
+    ct = pytest.importorskip("compressed_tensors.quantization")
+    for scales in (_scales("nvfp4"), _scales("fp8_e4m3"), _scales("fp8_e4m3", "head")):
+        args = ct.QuantizationArgs(**kv_cache_scheme(scales))
+        assert args.num_bits == kv_cache_scheme(scales)["num_bits"]
+
+
+def test_unexportable_combinations_raise(tmp_path):
+    with pytest.raises(QuantError, match="granularity tensor"):
+        export_scales(_scales("nvfp4", "head"), "compressed-tensors", tmp_path)
+    with pytest.raises(QuantError, match="E4M3 only"):
+        kv_cache_scheme(_scales("fp8_e5m2"))
+    with pytest.raises(QuantError, match="unknown export target"):
+        export_scales(_scales(), "tensorrt", tmp_path)  # type: ignore[arg-type]
+    assert not (tmp_path / SCALES_FILE).exists()  # nothing written when the export cannot be completed
