@@ -16,6 +16,7 @@ from quant.kv_spec import KVQuantSpec
 from quant.scales import KVScales
 
 OUT = Path(sys.argv[3]) if len(sys.argv) > 3 else Path("reports/runs/kv_study")  # argv: N_CAL N_PPL [OUT]
+OUT.mkdir(parents=True, exist_ok=True)
 N_CAL, CAL_LEN = int(sys.argv[1]), 512
 N_PPL = int(sys.argv[2])
 model, tok = load_model(resolve_model("smollm2-135m"))
