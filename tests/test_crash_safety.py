@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from evals.records import read_records
 
@@ -376,8 +377,15 @@ def test_twenty_kills_leave_records_identical_to_an_uninterrupted_run(tmp_path: 
             assert len(recs) == n and len({r.key for r in recs}) == n  # 0 lost, 0 duplicated
             assert [r.model_dump() for r in recs] == [r.model_dump() for r in read_records(a)]
             assert b.read_bytes() == a.read_bytes(), f"{arm}/{task}: records differ from the clean run"
-    assert (killed / "calibration" / "kv_scales.safetensors").read_bytes() == \
-        (clean / "calibration" / "kv_scales.safetensors").read_bytes()
+    # Calibration is redone when a kill cut it short. Its float reductions are not guaranteed to be
+    # bit-stable across processes (seen once here: the last bits of an amax differed while every record
+    # above stayed byte-identical), so the scales must match to float32 rounding and come from the same data.
+    from quant.scales import KVScales
+
+    cal = [KVScales.load(d / "calibration" / "kv_scales") for d in (clean, killed)]
+    assert cal[0].meta.data == cal[1].meta.data
+    for name in ("k_amax", "v_amax", "k_scale", "v_scale"):
+        assert torch.allclose(getattr(cal[0], name), getattr(cal[1], name), rtol=1e-6, atol=0), name
     assert json.loads((killed / "comparison.json").read_text()) == json.loads((clean / "comparison.json").read_text())
     verdict = [json.loads((d / "verdict.json").read_text()) for d in (clean, killed)]
     assert verdict[0]["status"] == verdict[1]["status"]
