@@ -454,8 +454,8 @@ class HFEngine:
         for r, req in enumerate(requests):
             try:
                 pre = self._prefix(req.prefix)
-                pieces = [_LLPiece(r, c, *self.encode_pair(req.context, cont))
-                          for c, cont in enumerate(req.continuations)]
+                pieces = [_LLPiece(r, c, *self.encode_pair(context, cont))
+                          for c, (context, cont) in enumerate(req.pairs())]
             except Exception as exc:  # noqa: BLE001
                 failures[r] = Failure(f"{type(exc).__name__}: {exc}")
                 continue

@@ -360,7 +360,7 @@ class OpenAIEngine:
         self._require_echo()
         tok = self._tok()
         # Tokenise here, on one thread: the pool only does I/O and parsing.
-        encoded = [[encode_pair(tok, req.context, c) for c in req.continuations] for req in requests]
+        encoded = [[encode_pair(tok, context, c) for context, c in req.pairs()] for req in requests]
 
         def one(pairs: list[tuple[list[int], list[int]]], key: int) -> LoglikelihoodResult:
             prompts = [ctx + cont for ctx, cont in pairs]

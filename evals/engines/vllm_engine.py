@@ -267,8 +267,8 @@ class VllmEngine:
         flat: list[tuple[int, list[int], int]] = []  # (request index, ids, context length)
         early: dict[int, Any] = {}
         for i, req in enumerate(requests):
-            for cont in req.continuations:
-                ctx, cont_ids = encode_pair(self._tokenizer, req.context, cont)
+            for context, cont in req.pairs():
+                ctx, cont_ids = encode_pair(self._tokenizer, context, cont)
                 flat.append((i, ctx + cont_ids, len(ctx)))
         prompts, params = [], []
         for j, (_, ids, _) in enumerate(flat):

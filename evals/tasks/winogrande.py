@@ -20,14 +20,12 @@ thing.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 from evals import data
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
-from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import TARGET_DELIMITER, mc_scores, resolve_fewshot, task_version
 
@@ -55,10 +53,6 @@ def partial_pairs(doc: Row) -> list[tuple[str, str]]:
     return [(context, continuation) for context in doc_to_choice(doc)]
 
 
-def _supports_contexts() -> bool:
-    return any(f.name == "contexts" for f in dataclasses.fields(LoglikelihoodRequest))
-
-
 @dataclass(frozen=True)
 class WinograndeTask:
     """Two contexts, one continuation; acc = the gold option's context scores the rest higher."""
@@ -74,13 +68,8 @@ class WinograndeTask:
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """One request holding both (context, continuation) pairs (see the module docstring)."""
-        if not _supports_contexts():
-            raise EvalError(
-                "winogrande needs per-option contexts (LoglikelihoodRequest.contexts), which this "
-                "version of evals.engines.base does not have"
-            )
         pairs = partial_pairs(item.doc)
-        return LoglikelihoodRequest(  # type: ignore[call-arg]
+        return LoglikelihoodRequest(
             context=pairs[0][0],
             continuations=tuple(c for _, c in pairs),
             contexts=tuple(ctx for ctx, _ in pairs),
