@@ -27,6 +27,7 @@ from evals.models import ResolvedModel, resolve_model
 from evals.runner import RunSummary, run_task
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
+from quant.validation import first_error
 
 ARM_FILE = "arm.json"
 ARM_SCHEMA = 1
@@ -71,9 +72,8 @@ def parse_arm(data: Mapping[str, Any]) -> ArmConfig:
     try:
         return ArmConfig.model_validate(dict(data))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "arm"
-        raise EvalError(f"arm config: {where}: {str(first['msg']).removeprefix('Value error, ')}") from None
+        err = first_error(exc)
+        raise EvalError(f"arm config: {err.where_or('arm')}: {err.msg}") from None
 
 
 def _plain(value: Any) -> Any:
@@ -115,6 +115,22 @@ def _file_hashes(args: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
+def _scales_by_name(args: Mapping[str, Any]) -> Any:
+    """`args` with every scales file named by its file name only: its bytes are fingerprinted by
+    `_file_hashes`, so a run folder that moves (or a relative path read from another directory)
+    still resumes, while new scale values still make a new configuration."""
+
+    def visit(obj: Any) -> Any:
+        if isinstance(obj, Mapping):
+            return {
+                k: Path(v).name if k in SCALES_KEYS and isinstance(v, str | Path) and v else visit(v)
+                for k, v in obj.items()
+            }
+        return obj
+
+    return visit(args)
+
+
 def task_fingerprint(task: Task, options: TaskOptions | None, limit: int | None = None,
                      repeats: int | None = None) -> dict[str, Any]:
     """What identifies a task's configuration: name, version and options (or its dataclass fields),
@@ -135,7 +151,7 @@ def arm_manifest(config: ArmConfig, model: ResolvedModel, tasks: Sequence[tuple[
         "model": config.model,
         "model_file_hash": model.file_hash,
         "engine": config.engine,
-        "engine_args": _plain(config.engine_args),
+        "engine_args": _plain(_scales_by_name(config.engine_args)),
         "engine_files": _file_hashes(config.engine_args),
         "limit": config.limit,
         "repeats": config.repeats,

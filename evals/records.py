@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evals.errors import RecordError
+from quant.validation import first_error
 
 SCHEMA_VERSION = 1
 log = logging.getLogger(__name__)
@@ -95,9 +96,8 @@ def _parse_line(line: str, path: Path, lineno: int) -> SampleRecord:
     try:
         return SampleRecord.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise RecordError(f"{path}:{lineno}: invalid record ({where}: {first['msg']})") from None
+        err = first_error(exc)
+        raise RecordError(f"{path}:{lineno}: invalid record ({err.where}: {err.msg})") from None
 
 
 def read_records(path: Path, *, repair: bool = False) -> list[SampleRecord]:

@@ -22,7 +22,8 @@ from qa.spec import RunSpec
 
 def run_arm(spec: RunSpec, run_dir: Path, role: str, data_dir: Path | None) -> None:
     """Build the arm's engine once and run every task of the spec into records/<role>/."""
-    from evals.arm import ArmConfig, TaskSpec, run_arm as run_evals_arm
+    from evals.arm import ArmConfig, TaskSpec
+    from evals.arm import run_arm as run_evals_arm
     from qa.pipeline import _task_options, resolved_engine_args
 
     arm = spec.arms[role]  # type: ignore[index]

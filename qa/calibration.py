@@ -21,7 +21,8 @@ def calibrate_for_run(spec: RunSpec, run_dir: Path, data_dir: Path | None) -> Pa
                             seed=spec.seed)
     device = str(spec.arms["candidate"].engine_args.get("device", "cpu"))
     dtype = str(spec.arms["candidate"].engine_args.get("dtype", "float32"))
-    scales = calibrate_model(spec.arm_model("candidate"), cal.dataset, qspec, data_dir, device, dtype)
+    scales = calibrate_model(spec.arm_model("candidate"), cal.dataset, qspec, data_dir, device, dtype,
+                             trust_remote_code=spec.trust_remote_code)
     out = scales_path(run_dir)
     scales.save(out)
     return out

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evals.atomic import atomic_write_text
 from qa.errors import QAError
+from quant.validation import first_error
 
 COMPARISON_SCHEMA_VERSION = 1
 SIGN_CONVENTION = "delta = candidate - baseline (negative = candidate worse); ddof = 1"
@@ -326,6 +327,5 @@ def load_comparison(path: Path) -> Comparison:
     try:
         return Comparison.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise QAError(f"{path}: invalid comparison ({where}: {first['msg']}); re-run `qa compare`") from None
+        err = first_error(exc)
+        raise QAError(f"{path}: invalid comparison ({err.where}: {err.msg}); re-run `qa compare`") from None

@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qa.errors import PolicyError
+from quant.validation import first_error
 
 POLICY_VERSION = 1
 DEFAULT_POLICY_NAME = "default.toml"
@@ -113,16 +114,13 @@ def _check_keys(table: dict[str, object], allowed: tuple[str, ...], where: str) 
             raise PolicyError(f"{where}: unknown key {key!r}{hint}")
 
 
-def _where(loc: tuple[str | int, ...], prefix: str) -> str:
-    return f"{prefix} {'.'.join(str(p) for p in loc)}".strip()
-
 
 def _one_line(exc: ValidationError, source: str, prefix: str) -> PolicyError:
-    err = exc.errors()[0]
-    msg = str(err["msg"]).removeprefix("Value error, ").replace("a valid tuple", "a list")
-    value = err.get("input")
+    err = first_error(exc)
+    msg = err.msg.replace("a valid tuple", "a list")
+    value = err.input
     shown = "" if isinstance(value, dict | list | tuple) or value is None else f" (got {value!r})"
-    return PolicyError(f"{source}: {_where(err['loc'], prefix)}: {msg}{shown}")
+    return PolicyError(f"{source}: {f'{prefix} {err.where}'.strip()}: {msg}{shown}")
 
 
 def _lists_as_tuples(table: dict[str, object]) -> dict[str, object]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from qa.errors import SpecError
+from quant.validation import first_error
 
 ArmRole = Literal["baseline", "candidate", "rerun"]
 ARM_ROLES: tuple[ArmRole, ...] = ("baseline", "candidate", "rerun")
@@ -114,15 +115,14 @@ class RunSpec(_Frozen):
 
 
 def _one_line(exc: ValidationError, source: str) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"]) or "(top level)"
-    msg = first["msg"]
-    if first["type"] == "extra_forbidden":
+    err = first_error(exc)
+    msg = err.msg
+    if err.type == "extra_forbidden":
         msg = "unknown key (check the spelling; see examples/ for valid specs)"
-    elif first["type"] == "missing":
+    elif err.type == "missing":
         msg = "required key is missing"
-    more = f" (and {len(exc.errors()) - 1} more problem(s))" if len(exc.errors()) > 1 else ""
-    return f"{source}: {where}: {msg}{more}"
+    more = f" (and {err.more} more problem(s))" if err.more else ""
+    return f"{source}: {err.where_or('(top level)')}: {msg}{more}"
 
 
 def parse_spec(text: str, source: str = "spec") -> RunSpec:

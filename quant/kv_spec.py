@@ -7,7 +7,6 @@ a correct cache; `quant.faults` names presets built from them.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from quant.errors import QuantError
 from quant.formats import get_format
+from quant.validation import did_you_mean, first_error
 
 ScaleMode = Literal["dynamic", "static", "constant"]
 ScaleLayout = Literal["linear", "transposed", "reversed"]
@@ -113,15 +113,10 @@ def kv_spec_from_dict(data: dict[str, Any]) -> KVQuantSpec:
     try:
         return KVQuantSpec.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "kv cache spec"
-        if first["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(where, list(KVQuantSpec.model_fields), n=1)
-            hint = (
-                f"did you mean {close[0]!r}?"
-                if close
-                else f"known keys: {', '.join(KVQuantSpec.model_fields)}"
-            )
-            raise QuantError(f"kv cache spec: unknown key {where!r}; {hint}") from None
-        msg = str(first["msg"]).removeprefix("Value error, ")
-        raise QuantError(f"kv cache spec: {where}: {msg}") from None
+        err = first_error(exc)
+        where = err.where_or("kv cache spec")
+        if err.type == "extra_forbidden":
+            raise QuantError(
+                f"kv cache spec: unknown key {where!r}; {did_you_mean(where, KVQuantSpec.model_fields)}"
+            ) from None
+        raise QuantError(f"kv cache spec: {where}: {err.msg}") from None

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.formats import get_format
+from quant.validation import first_error
 
 SCALES_SCHEMA_VERSION = 1
 TENSOR_NAMES: tuple[str, ...] = ("k_amax", "v_amax", "k_scale", "v_scale")
@@ -137,8 +138,8 @@ class KVScales:
         try:
             meta = ScalesMeta.model_validate_json(meta_path.read_text())
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise QuantError(f"{meta_path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+            err = first_error(exc)
+            raise QuantError(f"{meta_path}: {err.where}: {err.msg}") from None
         try:
             tensors = load(tensors_path.read_bytes())
         except (SafetensorError, ValueError) as exc:

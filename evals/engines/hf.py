@@ -43,6 +43,7 @@ from evals.engines.base import (
 from evals.errors import EngineError
 from evals.models import ResolvedModel, load_model
 from evals.records import TokenLogprobs
+from quant.validation import first_error
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,8 @@ def parse_args(args: Mapping[str, Any]) -> HFEngineArgs:
     try:
         return HFEngineArgs.model_validate(dict(args))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "arguments"
-        raise EngineError(f"hf engine: invalid argument {where!r}: {first['msg']}") from None
+        err = first_error(exc)
+        raise EngineError(f"hf engine: invalid argument {err.where_or('arguments')!r}: {err.msg}") from None
 
 
 @dataclass

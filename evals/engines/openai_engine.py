@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from difflib import get_close_matches
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -43,6 +42,7 @@ from evals.engines.base import (
 from evals.errors import EngineError
 from evals.models import ResolvedModel
 from evals.records import TokenLogprobs
+from quant.validation import did_you_mean, first_error
 
 log = logging.getLogger(__name__)
 
@@ -467,15 +467,10 @@ def build(model: ResolvedModel, args: Mapping[str, Any]) -> OpenAIEngine:
     try:
         parsed = OpenAIArgs.model_validate(dict(args))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "engine_args"
-        hint = ""
-        if first["type"] == "extra_forbidden":
-            close = get_close_matches(where, list(OpenAIArgs.model_fields), n=1)
-            hint = (
-                f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(OpenAIArgs.model_fields)}"
-            )
-        raise EngineError(f"openai engine argument {where}: {first['msg']}{hint}") from None
+        err = first_error(exc)
+        where = err.where_or("engine_args")
+        hint = f"; {did_you_mean(where, OpenAIArgs.model_fields)}" if err.type == "extra_forbidden" else ""
+        raise EngineError(f"openai engine argument {where}: {err.msg}{hint}") from None
     api_key = None
     if parsed.api_key_env:
         api_key = os.environ.get(parsed.api_key_env)

@@ -26,6 +26,7 @@ from quant.faults import FAULT_PRESETS, fault_spec
 from quant.inspect import InspectReport, inspect_kv, plot_report
 from quant.kv_spec import kv_spec_from_dict
 from quant.scales import KVScales
+from quant.validation import first_error
 
 CALIBRATION_SETS = ("wikitext2", "gsm8k")  # named sets; anything else is a .txt / .jsonl path
 
@@ -82,10 +83,11 @@ def calibrate_model(
     data_dir: Path | None = None,
     device: str = "cpu",
     dtype: str = "float32",
+    trust_remote_code: bool = False,
 ) -> KVScales:
     """Load the model and the calibration text, and calibrate static KV scales."""
     resolved = resolve_model(model_name)
-    model, tokenizer = load_model(resolved, dtype=dtype, device=device)
+    model, tokenizer = load_model(resolved, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     name, chunks = load_prompts(tokenizer, source, data_dir, spec.n_samples, spec.seq_len, spec.seed)
     return calibrate(model, chunks, spec, data_name=name, model_name=model_name)
 
@@ -115,6 +117,9 @@ def calibrate_command(
     data_dir: DataDirOpt = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
+    trust_remote_code: Annotated[
+        bool, typer.Option("--trust-remote-code", help="Run the model repository's own code (off by default).")
+    ] = False,
 ) -> None:
     """Observe K (after RoPE) and V per layer on a calibration set and write static KV scales."""
     if export is not None and export not in EXPORT_TARGETS:
@@ -128,7 +133,7 @@ def calibrate_command(
         seq_len=seq_len,
         seed=seed,
     )
-    scales = calibrate_model(model, data, spec, data_dir, device, dtype)
+    scales = calibrate_model(model, data, spec, data_dir, device, dtype, trust_remote_code)
     paths = list(scales.save(out))
     if export is not None:
         paths += export_scales(scales, export, export_dir or Path(out).parent)  # type: ignore[arg-type]
@@ -155,10 +160,8 @@ def _calibration_spec(**fields: Any) -> CalibrationSpec:
     try:
         return CalibrationSpec(**fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise QuantError(
-            f"calibrate: --{'-'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}"
-        ) from None
+        err = first_error(exc)
+        raise QuantError(f"calibrate: --{err.where.replace('.', '-').replace('_', '-')}: {err.msg}") from None
 
 
 @app.command("kv-inspect")

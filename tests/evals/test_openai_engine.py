@@ -535,10 +535,15 @@ def test_real_server_stopped_and_restarted_mid_run(smollm2_gguf: Path, tmp_path:
         backoff_max_s=2.0,
         timeout_s=30.0,
     )
-    prompts = [f"Count: {i}, {i + 1}," for i in range(8)]
+    prompts = [f"Count: {i}, {i + 1}," for i in range(32)]
+    first_log = tmp_path / "a.log"
 
-    def chaos() -> None:  # bounded: one stop, one restart
-        time.sleep(1.5)
+    def chaos() -> None:  # bounded: one stop (after the first completed request), one restart
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if first_log.exists() and "print_timing: id  0 | task" in first_log.read_text(errors="replace"):
+                break
+            time.sleep(0.01)
         servers[0].stop()
         time.sleep(0.5)
         servers.append(start_server(spec, log_path=tmp_path / "b.log", port=port))
@@ -546,9 +551,9 @@ def test_real_server_stopped_and_restarted_mid_run(smollm2_gguf: Path, tmp_path:
     thread = threading.Thread(target=chaos, daemon=True)
     thread.start()
     try:
-        results = engine.generate([GenerateRequest(prompt=p, max_tokens=5) for p in prompts])
+        results = engine.generate([GenerateRequest(prompt=p, max_tokens=24) for p in prompts])
     finally:
-        thread.join(timeout=60)
+        thread.join(timeout=90)
         engine.close()
         for server in servers:
             server.stop()
