@@ -48,6 +48,9 @@ class ArmConfig(BaseModel):
     repeats: int = Field(default=1, ge=1)
     seed: int = 0
     data_dir: Path | None = None  # where the data is read from: a location, not part of the fingerprint
+    # A server started for this arm (`qa run`): its settings identify the arm; its base_url (a free port
+    # chosen at each start) does not.
+    server: dict[str, Any] | None = None
 
     @field_validator("name")
     @classmethod
@@ -131,6 +134,13 @@ def _scales_by_name(args: Mapping[str, Any]) -> Any:
     return visit(args)
 
 
+def _without_started_url(config: ArmConfig) -> Mapping[str, Any]:
+    """Engine arguments without the base_url of a server started for this arm (a new port each start)."""
+    if config.server is None:
+        return config.engine_args
+    return {k: v for k, v in config.engine_args.items() if k != "base_url"}
+
+
 def task_fingerprint(task: Task, options: TaskOptions | None, limit: int | None = None,
                      repeats: int | None = None) -> dict[str, Any]:
     """What identifies a task's configuration: name, version and options (or its dataclass fields),
@@ -151,12 +161,14 @@ def arm_manifest(config: ArmConfig, model: ResolvedModel, tasks: Sequence[tuple[
         "model": config.model,
         "model_file_hash": model.file_hash,
         "engine": config.engine,
-        "engine_args": _plain(_scales_by_name(config.engine_args)),
+        "engine_args": _plain(_scales_by_name(_without_started_url(config))),
         "engine_files": _file_hashes(config.engine_args),
         "limit": config.limit,
         "repeats": config.repeats,
         "seed": config.seed,
     }
+    if config.server is not None:
+        resolved["server"] = _plain(config.server)
     task_entries = {}
     for task, options, *counts in tasks:
         fp = task_fingerprint(task, options, *counts)

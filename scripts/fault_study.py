@@ -429,42 +429,6 @@ def write_fault_table(folder: Path) -> Path:
 # -- real engines -----------------------------------------------------------------------------------
 
 
-def _llamacpp_servers(spec: RunSpec, log_dir: Path) -> list[Any]:
-    """Start one llama.cpp server per arm of `spec`, on the port its base_url names, with the arm's
-    KV cache type from LLAMACPP_CACHE; the caller stops them."""
-    from urllib.parse import urlsplit
-
-    from evals.models import NAMED_MODELS, _gguf_path
-    from evals.servers import LlamaCppServerSpec, start_server
-
-    gguf = _gguf_path(NAMED_MODELS[spec.model], spec.model)
-    servers = []
-    try:
-        for role, arm in spec.arms.items():
-            url = urlsplit(arm.engine_args["base_url"])
-            cache = LLAMACPP_CACHE[role]
-            server_spec = LlamaCppServerSpec(
-                gguf=gguf, cache_type_k=cache, cache_type_v=cache, **LLAMACPP_SERVER
-            )
-            servers.append(
-                start_server(server_spec, log_path=log_dir / f"llamacpp-{role}.log", port=url.port)
-            )
-            print(
-                f"  llama.cpp {role} ({cache} KV) on {servers[-1].base_url}, pid {servers[-1].pid}",
-                flush=True,
-            )
-    except BaseException:
-        for s in servers:
-            s.stop()
-        raise
-    return servers
-
-
-# The llama.cpp servers behind examples/engines/llamacpp_f16_vs_nvfp4.toml (the spec names their URLs).
-LLAMACPP_CACHE = {"baseline": "f16", "candidate": "nvfp4"}
-LLAMACPP_SERVER: dict[str, Any] = {"n_ctx": 8192, "n_parallel": 4, "threads": 1, "flash_attn": True}
-
-
 def _kv_line(log: Path) -> str | None:
     lines = [
         ln.strip() for ln in log.read_text(errors="replace").splitlines() if "llama_kv_cache: size" in ln
@@ -484,7 +448,6 @@ def run_engines(
         log = work / "logs" / f"engine-{name}.log"
         info: dict[str, Any] = {"spec": f"examples/engines/{name}.toml"}
         seeded: dict[str, str] = {}
-        servers: list[Any] = []
         if name == "vllm_nvfp4_override":
             info["refusal"] = record_refusal(spec, work, data_dir)
             seeded = seed_arm(spec, run_dir, base_dir / "vllm_bf16_vs_fp8", calibration=False)
@@ -492,16 +455,12 @@ def run_engines(
         elif name in ("emulator_nvfp4_gsm8k", "emulator_aa_gsm8k") and seed_from is not None:
             seeded = seed_arm(spec, run_dir, seed_from, calibration=False)
             info["baseline_seeded_from"] = f"{seed_from} (records/baseline/: {', '.join(seeded)})"
-        elif name == "llamacpp_f16_vs_nvfp4":
-            servers = _llamacpp_servers(spec, work / "logs")
-            info["llamacpp_server"] = {**LLAMACPP_SERVER, "cache_types": LLAMACPP_CACHE}
-        try:
-            out = run_qa(name, spec_path, run_dir, data_dir, log)
-        finally:
-            for s in servers:
-                s.stop()
-        for s in servers:
-            info.setdefault("kv_cache_log_lines", {})[s.log_path.stem] = _kv_line(s.log_path)
+        out = run_qa(name, spec_path, run_dir, data_dir, log)  # `qa run` starts and stops any servers
+        for role, arm in spec.arms.items():
+            server_log = run_dir / "logs" / f"{role}-server.log"
+            if arm.server is not None and server_log.is_file():
+                info.setdefault("servers", {})[role] = arm.server.model_dump(exclude_defaults=True)
+                info.setdefault("kv_cache_log_lines", {})[role] = _kv_line(server_log)
         if seeded:
             info["baseline_resumed_unchanged"] = check_unchanged(run_dir, "baseline", seeded)
         info.update(
@@ -535,9 +494,9 @@ def record_refusal(spec: RunSpec, work: Path, data_dir: Path | None) -> dict[str
     spec_file.write_text(dump_spec(strict), encoding="utf-8")
     # Only the candidate matters here: run its arm process alone (the baseline is not needed to refuse).
     prepare_run_dir(strict, scratch)
-    from qa.pipeline import _arm_python
+    from qa.pipeline import arm_python
 
-    cmd = ["nice", "-n", str(NICE), _arm_python("vllm"), "-m", "qa.arm_worker", str(scratch), "candidate"]
+    cmd = ["nice", "-n", str(NICE), arm_python("vllm"), "-m", "qa.arm_worker", str(scratch), "candidate"]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     start = time.monotonic()

@@ -19,6 +19,9 @@ def _print_plan(spec_path: Path, plan) -> None:  # plan: list[PlannedArm]
     for arm in plan:
         console.print(f"\n[bold]{arm.role}[/bold]: engine={arm.engine} model={arm.model}")
         console.print("  engine arguments: " + json.dumps(arm.engine_args, sort_keys=True, default=str))
+        if arm.server is not None:
+            console.print("  server (started on 127.0.0.1, base_url filled in): "
+                          + json.dumps(arm.server, sort_keys=True, default=str))
         if arm.tasks:
             table = Table("task", "items available", "items", "repeats", "samples")
             for t in arm.tasks:

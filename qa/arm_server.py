@@ -1,0 +1,63 @@
+"""The local server of an arm: an `openai` arm with a `server` table gets llama.cpp's server
+(xllamacpp) or vLLM's api_server on 127.0.0.1 at a free port, started before the arm's tasks and
+stopped by pid when the arm ends (also on an error or Ctrl-C). Its log: <run>/logs/<arm>-server.log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from qa.spec import ArmRole, RunSpec, ServerSpec
+
+GIB = 1 << 30
+
+
+def server_spec(spec: RunSpec, role: ArmRole) -> Any:  # -> LlamaCppServerSpec | VllmServerSpec
+    """The evals.servers spec of an arm's `server` table (model files resolved, nothing started)."""
+    from evals.errors import ModelError
+    from evals.models import gguf_file, resolve_model
+    from evals.servers import LlamaCppServerSpec, VllmServerSpec, check_cache_type
+
+    server: ServerSpec | None = spec.arms[role].server
+    if server is None:
+        raise ValueError(f"arm {role!r} has no server table")  # internal: callers check first
+    model = spec.arm_model(role)
+    if server.kind == "llamacpp":
+        gguf = Path(server.gguf) if server.gguf else gguf_file(model)
+        if not gguf.is_file():
+            raise ModelError(f"arm {role}: server.gguf {str(gguf)!r} is not a file")
+        return LlamaCppServerSpec(
+            gguf=gguf, cache_type_k=check_cache_type(server.cache_type_k),
+            cache_type_v=check_cache_type(server.cache_type_v), flash_attn=server.flash_attn,
+            rotate_kv=server.rotate_kv, n_ctx=server.n_ctx, n_parallel=server.n_parallel, threads=server.threads,
+        )
+    resolved = resolve_model(model)
+    if resolved.path is None:
+        raise ModelError(f"arm {role}: a vllm server needs a local model folder; {model!r} is a hub id")
+    from qa.pipeline import arm_python
+
+    return VllmServerSpec(model=resolved.path, engine_args=dict(server.args), python=arm_python("vllm"),
+                          kv_cache_memory_bytes=int(server.kv_cache_memory_gib * GIB))
+
+
+def server_log(run_dir: Path, role: ArmRole) -> Path:
+    """Where an arm's server writes its log."""
+    return run_dir / "logs" / f"{role}-server.log"
+
+
+@contextmanager
+def arm_server(spec: RunSpec, role: ArmRole, run_dir: Path) -> Iterator[str | None]:
+    """Yield the `base_url` of the arm's started server (None when the arm has no `server`); stop it after."""
+    from evals.servers import start_server
+
+    server = spec.arms[role].server
+    if server is None:
+        yield None
+        return
+    log = server_log(run_dir, role)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with start_server(server_spec(spec, role), log_path=log, ready_timeout_s=server.ready_timeout_s) as running:
+        print(f"{role}: {server.kind} server on {running.base_url} (pid {running.pid}, log {log})", flush=True)
+        yield running.base_url
