@@ -5,8 +5,10 @@ Each layer holds one `_Stream` for K and one for V. A stream keeps
 - the *main* region: old tokens, in the layer's format (a list of QuantizedTensor chunks);
 - the *recent* region: the last `recent_window` tokens in `recent_format`; a token leaving the window
   is re-quantized to the main format from its stored recent-format value (what the cache holds);
-- a dequantized shadow of both (model dtype), appended chunk by chunk. Dequantization is elementwise
-  per block, so the shadow equals `dequantize(stored bytes)` exactly; attention reads the shadow.
+- a dequantized shadow of both (model dtype) in one growable buffer (`_Shadow`): new tokens are written
+  into spare capacity, a token leaving the window is overwritten in place, and attention reads a view
+  (no per-step concatenation). Dequantization is elementwise per block, so the shadow equals
+  `dequantize(stored bytes)` exactly.
 
 Scales (decode convention, x ~ stored * d): "static" from a calibrated KVScales (amax per layer or
 head -> `fmt.decode_scale_from_amax`), "constant" (one decode scale, vLLM's uncalibrated 1.0), or
@@ -120,8 +122,60 @@ def _seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
+class _Shadow:
+    """Dequantized values [B, H, T, D] of a stream's stored tokens, oldest first, in one buffer with spare
+    capacity along T: appending writes in place (capacity doubles when full, so copies are amortized
+    O(1) per token), evicting the oldest tokens moves a start offset, and `tensor()` is a view."""
+
+    MIN_CAPACITY = 64
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None  # [B, H, capacity, D]
+        self.start = 0
+        self.length = 0
+
+    def tensor(self) -> torch.Tensor | None:
+        """The stored tokens [B, H, length, D] (a view of the buffer), or None before the first write."""
+        return None if self.buf is None else self.buf[..., self.start : self.start + self.length, :]
+
+    def append(self, x: torch.Tensor) -> None:
+        """Store x [B, H, n, D] after the current tokens."""
+        n = x.shape[-2]
+        end = self.start + self.length
+        if self.buf is None or end + n > self.buf.shape[-2]:
+            live = self.tensor()
+            capacity = max(2 * (self.length + n), self.MIN_CAPACITY)
+            buf = x.new_empty((*x.shape[:-2], capacity, x.shape[-1]))
+            if live is not None and self.length:
+                buf[..., : self.length, :] = live
+            self.buf, self.start, end = buf, 0, self.length
+        self.buf[..., end : end + n, :] = x
+        self.length += n
+
+    def overwrite(self, position: int, x: torch.Tensor) -> None:
+        """Replace the n stored tokens from `position` (0 = oldest) by x [B, H, n, D]."""
+        assert self.buf is not None and position + x.shape[-2] <= self.length
+        first = self.start + position
+        self.buf[..., first : first + x.shape[-2], :] = x
+
+    def drop_oldest(self, n: int) -> None:
+        """Forget the n oldest tokens."""
+        self.start += n
+        self.length -= n
+
+    def drop_latest(self, n: int) -> None:
+        """Forget the n newest tokens."""
+        self.length -= n
+
+    def map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Apply a batch-dim operation (select, repeat, reorder) to the stored tokens."""
+        live = self.tensor()
+        if live is not None:
+            self.buf, self.start = fn(live).contiguous(), 0
+
+
 class _Stream:
-    """K or V of one layer: quantized main + recent regions and their dequantized shadows."""
+    """K or V of one layer: quantized main + recent regions and their dequantized shadow."""
 
     def __init__(self, plan: StreamPlan) -> None:
         self.plan = plan
@@ -129,9 +183,9 @@ class _Stream:
 
     def reset(self) -> None:
         self.main: list[QuantizedTensor] = []
-        self.main_view: torch.Tensor | None = None  # [B, H, T_main, D] model dtype
         self.recent: QuantizedTensor | None = None
-        self.recent_view: torch.Tensor | None = None
+        self.shadow = _Shadow()  # dequantized main tokens, then recent tokens (model dtype)
+        self._main_len = 0
         self.scale: torch.Tensor | None = self._static(self.plan.fmt, self.plan.static_scale)
         self.recent_scale: torch.Tensor | None = (
             self._static(self.plan.recent_fmt, self.plan.recent_static_scale)
@@ -150,22 +204,20 @@ class _Stream:
     # ---- lengths and views ----
     @property
     def main_len(self) -> int:
-        return 0 if self.main_view is None else self.main_view.shape[-2]
+        return self._main_len
 
     @property
     def recent_len(self) -> int:
-        return 0 if self.recent_view is None else self.recent_view.shape[-2]
+        return self.shadow.length - self._main_len
 
     def __len__(self) -> int:
-        return self.main_len + self.recent_len
+        return self.shadow.length
 
     def view(self) -> torch.Tensor:
-        """Dequantized stored tokens [B, H, T, D] in model dtype, oldest first."""
-        parts = [v for v in (self.main_view, self.recent_view) if v is not None and v.shape[-2]]
-        if not parts:
-            assert self.main_view is not None or self.recent_view is not None
-            return self.main_view if self.main_view is not None else self.recent_view  # type: ignore[return-value]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+        """Dequantized stored tokens [B, H, T, D] in model dtype, oldest first (a view of the shadow)."""
+        out = self.shadow.tensor()
+        assert out is not None, "view() before the first write"
+        return out
 
     # ---- writing ----
     def init_dynamic_scales(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
@@ -210,27 +262,32 @@ class _Stream:
         out = torch.where(hit.unsqueeze(-1).to(raw.device), noise.to(raw.device), blocks).reshape(raw.shape)
         return replace(q, data={**q.data, key: out.view(codes.dtype)})
 
-    def _append_main(self, x: torch.Tensor) -> None:
+    def _append_main(self, x: torch.Tensor, from_recent: bool = False) -> None:
         q = self.plan.fmt.quantize(x, self.scale)
         if self.plan.corrupt_fraction > 0:
             q = self._corrupt(q)
-        self.add_main_chunk(q, self._dequantize(self.plan.fmt, q, self.dtype))  # type: ignore[arg-type]
+        self.add_main_chunk(q, self._dequantize(self.plan.fmt, q, self.dtype), from_recent=from_recent)  # type: ignore[arg-type]
 
-    def add_main_chunk(self, q: QuantizedTensor, new: torch.Tensor) -> None:
-        """Append a quantized chunk and its dequantized values [B, H, n, D] to the main region."""
+    def add_main_chunk(self, q: QuantizedTensor, new: torch.Tensor, *, from_recent: bool = False) -> None:
+        """Add a quantized chunk and its dequantized values [B, H, n, D] to the main region: new tokens
+        (the recent region is empty), or, `from_recent`, the oldest recent tokens re-quantized."""
         self.writes += 1
         self.main.append(q)
         if len(self.main) > CONSOLIDATE_CHUNKS:
             self.main = [_cat(self.main)]
-        self.main_view = new if self.main_view is None else torch.cat([self.main_view, new], dim=-2)
+        if from_recent:
+            self.shadow.overwrite(self._main_len, new)
+        else:
+            assert self.recent_len == 0, "new main tokens go after the recent region only when it is empty"
+            self.shadow.append(new)
+        self._main_len += new.shape[-2]
 
     def _append_recent(self, x: torch.Tensor) -> None:
         fmt = self.plan.recent_fmt
         assert fmt is not None
         q = fmt.quantize(x, self.recent_scale)
-        new = self._dequantize(fmt, q, self.dtype)  # type: ignore[arg-type]
         self.recent = q if self.recent is None else _cat([self.recent, q])
-        self.recent_view = new if self.recent_view is None else torch.cat([self.recent_view, new], dim=-2)
+        self.shadow.append(self._dequantize(fmt, q, self.dtype))  # type: ignore[arg-type]
 
     def append(self, x: torch.Tensor) -> None:
         """Store new tokens x [B, H, n, D]; tokens pushed out of the recent window move to the main format."""
@@ -239,27 +296,22 @@ class _Stream:
         n = x.shape[-2]
         window = self.plan.window
         if window == 0:
-            if n or self.main_view is None:
+            if n or self.shadow.buf is None:
                 self._append_main(x)
             return
         r = self.recent_len
         overflow = max(0, r + n - window)
         move = min(overflow, r)
         if move:  # oldest recent tokens leave the window: re-quantize their stored values
-            assert (
-                self.recent is not None and self.recent_view is not None and self.plan.recent_fmt is not None
-            )
+            assert self.recent is not None and self.plan.recent_fmt is not None
             leaving = _slice(self.recent, 0, move)
-            self._append_main(self._dequantize(self.plan.recent_fmt, leaving, torch.float32))
+            self._append_main(self._dequantize(self.plan.recent_fmt, leaving, torch.float32), from_recent=True)
             self.recent = _slice(self.recent, move, r)
-            self.recent_view = self.recent_view[..., move:, :]
         direct = overflow - move  # new tokens already older than the window: straight to the main format
         if direct:
             self._append_main(x[..., :direct, :].contiguous())
-        if n - direct or self.recent_view is None:
+        if n - direct or self.shadow.buf is None:
             self._append_recent(x[..., direct:, :].contiguous())
-        if self.main_view is None:  # keep an empty main view so view() has a shape to fall back on
-            self.main_view = x[..., :0, :]
 
     # ---- removing tokens ----
     def _consolidate(self) -> None:
@@ -272,27 +324,25 @@ class _Stream:
         if from_main:
             self._consolidate()
             self.main = [_slice(self.main[0], from_main, self.main_len)]
-            self.main_view = self.main_view[..., from_main:, :]  # type: ignore[index]
         rest = n - from_main
         if rest:
-            assert self.recent is not None and self.recent_view is not None
+            assert self.recent is not None
             self.recent = _slice(self.recent, rest, self.recent_len)
-            self.recent_view = self.recent_view[..., rest:, :]
+        self._main_len -= from_main
+        self.shadow.drop_oldest(n)
 
     def drop_latest(self, n: int) -> None:
         """Forget the n newest stored tokens (crop)."""
         from_recent = min(n, self.recent_len)
         if from_recent:
-            assert self.recent is not None and self.recent_view is not None
-            keep = self.recent_len - from_recent
-            self.recent = _slice(self.recent, 0, keep)
-            self.recent_view = self.recent_view[..., :keep, :]
+            assert self.recent is not None
+            self.recent = _slice(self.recent, 0, self.recent_len - from_recent)
         rest = n - from_recent
         if rest:
             self._consolidate()
-            keep = self.main_len - rest
-            self.main = [_slice(self.main[0], 0, keep)]
-            self.main_view = self.main_view[..., :keep, :]  # type: ignore[index]
+            self.main = [_slice(self.main[0], 0, self.main_len - rest)]
+            self._main_len -= rest
+        self.shadow.drop_latest(n)
 
     # ---- batch ----
     def map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -313,8 +363,7 @@ class _Stream:
 
         self.main = [remap(q, self.scale) for q in self.main]
         self.recent = remap(self.recent, self.recent_scale) if self.recent is not None else None
-        self.main_view = fn(self.main_view) if self.main_view is not None else None
-        self.recent_view = fn(self.recent_view) if self.recent_view is not None else None
+        self.shadow.map_batch(fn)
 
     # ---- inspection ----
     def stored(self) -> tuple[QuantizedTensor | None, QuantizedTensor | None]:

@@ -436,3 +436,29 @@ def test_crop_removes_the_newest_tokens_from_bytes_and_view(llama):
     assert torch.equal(layer.keys, before[..., :9, :])
     assert torch.equal(layer.keys, get_format("nvfp4").dequantize(layer.k.stored()[0]))
     assert not make_cache(llama.config, KVQuantSpec(format="nvfp4", recent_window=4)).is_croppable
+
+
+
+def test_long_generation_through_buffer_growth_keeps_shadow_equal_to_stored_bytes(llama):
+    """Past the shadow buffer's first capacities (64, 128 tokens): with a recent window, the view attention
+    reads equals dequantize(main bytes) ++ dequantize(recent bytes) exactly, and format none stays
+    bit-identical to the plain model."""
+    ids, mask = _ids(batch=2, length=40, pad=3)
+    kw = {"input_ids": ids, "attention_mask": mask, "max_new_tokens": 100, "min_new_tokens": 100,
+          "do_sample": False, "output_scores": True, "return_dict_in_generate": True}
+    cache = make_cache(llama.config, KVQuantSpec(format="nvfp4", recent_window=16, recent_format="fp8_e4m3"))
+    with torch.no_grad():
+        llama.generate(**kw, cache=cache)
+    nv, f8 = get_format("nvfp4"), get_format("fp8_e4m3")
+    for layer in cache.layers:
+        for stream, view in ((layer.k, layer.keys), (layer.v, layer.values)):
+            main, recent = stream.stored()
+            assert (stream.main_len, stream.recent_len) == (139 - 16, 16)  # 140 tokens; the last is not written
+            expected = torch.cat([nv.dequantize(main, torch.float32), f8.dequantize(recent, torch.float32)], dim=-2)
+            assert torch.equal(view, expected)
+    with torch.no_grad():
+        plain = llama.generate(**kw)
+        none = llama.generate(**kw, cache=make_cache(llama.config, KVQuantSpec(format="none", recent_window=16,
+                                                                              recent_format="none")))
+    assert torch.equal(plain.sequences, none.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(plain.scores, none.scores, strict=True))
