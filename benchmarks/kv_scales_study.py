@@ -1,69 +1,152 @@
-"""SmolLM2-135M NVFP4 KV study: per-layer SQNR (kv-inspect) and wikitext2 perplexity for 4 scale choices.
+"""SmolLM2-135M NVFP4 KV study: per-layer SQNR (kv-inspect) and WikiText-2 perplexity for four scale choices.
 
-Usage: python benchmarks/kv_scales_study.py N_CAL_SAMPLES N_PPL_WINDOWS [OUT_DIR]
+Scale choices: dynamic (per-sequence amax of the prefill), static scales calibrated with the absmax and
+with the mse observer (GSM8K train text, so calibration and evaluation text differ), and the constant
+decode scale 1.0 (vLLM's uncalibrated default). Perplexity is teacher-forced on non-overlapping
+512-token windows of the WikiText-2 test text, every position reading the quantized cache
+(prefill_reads_quantized); SQNR and attention error come from `quant.inspect` on WikiText-2 prompts.
+
+    python benchmarks/kv_scales_study.py [--cal-samples 16] [--ppl-windows 32] [--out reports/kv]
+
+Writes OUT/results.json, OUT/README.md (the table) and OUT/inspect_<choice>.{json,png}.
 """
-import json, math, sys, time
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
 from pathlib import Path
+from typing import Any
+
 import torch
-torch.set_num_threads(2)
-from evals import data
-from evals.models import load_model, resolve_model
-from qa.commands.calibrate import load_prompts
-from quant.calibrate import CalibrationSpec, calibrate
-from quant.inspect import inspect_kv, plot_report
-from quant.kv_cache import make_cache
-from quant.kv_spec import KVQuantSpec
-from quant.scales import KVScales
 
-OUT = Path(sys.argv[3]) if len(sys.argv) > 3 else Path("reports/runs/kv_study")  # argv: N_CAL N_PPL [OUT]
-OUT.mkdir(parents=True, exist_ok=True)
-N_CAL, CAL_LEN = int(sys.argv[1]), 512
-N_PPL = int(sys.argv[2])
-model, tok = load_model(resolve_model("smollm2-135m"))
-scales = {}
-for obs in ("absmax", "mse"):
-    p = OUT / f"scales_{obs}"
-    if not (OUT / f"scales_{obs}.json").exists():
-        t = time.time()
-        name, chunks = load_prompts(tok, "gsm8k", Path("/work/shared/data"), N_CAL, CAL_LEN, 0)
-        s = calibrate(model, chunks, CalibrationSpec(observer=obs, n_samples=N_CAL, seq_len=CAL_LEN, mse_max_tokens=2048), data_name=name, model_name="smollm2-135m")
-        s.save(p); print(obs, "calibrated in", round(time.time() - t), "s", flush=True)
-    scales[obs] = KVScales.load(p)
-configs = {
-    "dynamic": (KVQuantSpec(format="nvfp4"), None),
-    "absmax": (KVQuantSpec(format="nvfp4", scales="static"), scales["absmax"]),
-    "mse": (KVQuantSpec(format="nvfp4", scales="static"), scales["mse"]),
-    "scale_1.0": (KVQuantSpec(format="nvfp4", scales="constant", constant_scale=1.0), None),
-}
-_, prompts = load_prompts(tok, "wikitext2", Path("/work/shared/data"), 4, 256, 0)
-rows = data.load("wikitext2", Path("/work/shared/data"))
-ids = torch.tensor(tok("\n\n".join(r["text"] for r in rows), add_special_tokens=False)["input_ids"])
-windows = ids[: (ids.numel() // 512) * 512].reshape(-1, 512)[:N_PPL]
+CAL_LEN = 512
+PPL_LEN = 512
+CHOICES = ("dynamic", "absmax", "mse", "scale_1.0")
 
-def ppl(spec, sc):
+
+def _perplexity(model, windows: torch.Tensor, spec, scales) -> float:
+    """exp(mean NLL) of every next token in `windows` [N, T]; spec None: the plain model."""
+    from quant.kv_cache import make_cache
+
     nll, n = 0.0, 0
-    with torch.no_grad():
+    with torch.inference_mode():
         for w in windows:
             w = w[None]
-            if spec is None:
-                logits = model(input_ids=w).logits
-            else:
-                logits = model(input_ids=w, cache=make_cache(model.config, spec, sc), use_cache=True).logits
+            cache = None if spec is None else make_cache(model.config, spec, scales)
+            logits = model(input_ids=w, cache=cache, use_cache=cache is not None).logits
             lp = torch.log_softmax(logits[0, :-1].double(), -1)
-            nll -= float(lp.gather(-1, w[0, 1:, None]).sum()); n += w.shape[1] - 1
+            nll -= float(lp.gather(-1, w[0, 1:, None]).sum())
+            n += w.shape[1] - 1
     return math.exp(nll / n)
 
-results = {"n_cal": N_CAL, "n_ppl_windows": int(windows.shape[0]), "plain_ppl": ppl(None, None)}
-print("plain ppl", results["plain_ppl"], flush=True)
-for name, (spec, sc) in configs.items():
-    rep = inspect_kv(model, prompts, spec, sc, model_name="smollm2-135m")
-    (OUT / f"inspect_{name}.json").write_text(rep.model_dump_json(indent=1))
-    plot_report(rep, OUT / f"inspect_{name}.png")
-    p = ppl(spec, sc)
-    results[name] = {"ppl": p, "dppl": p - results["plain_ppl"],
-                     "k_sqnr": [round(l.k.sqnr_db, 2) for l in rep.layers], "v_sqnr": [round(l.v.sqnr_db, 2) for l in rep.layers],
-                     "k_underflow": [round(l.k.underflow_share, 4) for l in rep.layers],
-                     "v_underflow": [round(l.v.underflow_share, 4) for l in rep.layers],
-                     "attn": [round(l.attn_rel_error, 4) for l in rep.layers]}
-    print(name, "ppl", p, "mean K/V SQNR", sum(results[name]["k_sqnr"]) / 30, sum(results[name]["v_sqnr"]) / 30, flush=True)
-    (OUT / "results.json").write_text(json.dumps(results, indent=1))
+
+def _table(results: dict[str, Any]) -> str:
+    lines = [
+        "# NVFP4 KV cache on SmolLM2-135M-Instruct: scale choices",
+        "",
+        (
+            "Generated by `python benchmarks/kv_scales_study.py` "
+            f"(calibration: {results['n_cal']} x {CAL_LEN} tokens of GSM8K train; perplexity: "
+            f"{results['n_ppl_windows']} x {PPL_LEN}-token WikiText-2 test windows; fp32, CPU)."
+        ),
+        (
+            "SQNR and relative errors: `qa kv-inspect` on 4 WikiText-2 prompts of 256 tokens, mean over the "
+            "30 layers (per layer: inspect_<choice>.json / .png)."
+        ),
+        "",
+        f"Plain model (unquantized KV): perplexity {results['plain_ppl']:.3f}.",
+        "",
+        (
+            "| scales | perplexity | change | mean K SQNR (dB) | mean V SQNR (dB) | min K / V SQNR (dB) | "
+            "K / V blocks underflowed | attention output rel. error |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in CHOICES:
+        r = results.get(name)
+        if r is None:
+            continue
+        k, v = r["k_sqnr"], r["v_sqnr"]
+        lines.append(
+            f"| {name} | {r['ppl']:.3f} | {r['dppl']:+.3f} ({100 * r['dppl'] / results['plain_ppl']:+.1f}%) | "
+            f"{sum(k) / len(k):.2f} | {sum(v) / len(v):.2f} | {min(k):.2f} / {min(v):.2f} | "
+            f"{100 * sum(r['k_underflow']) / len(k):.3f}% / {100 * sum(r['v_underflow']) / len(v):.3f}% | "
+            f"{sum(r['attn']) / len(r['attn']):.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    """Calibrate, inspect and measure perplexity for every scale choice; write results and table."""
+    from evals import data
+    from evals.models import load_model, resolve_model
+    from qa.commands.calibrate import load_prompts
+    from quant.calibrate import CalibrationSpec, calibrate
+    from quant.inspect import inspect_kv, plot_report
+    from quant.kv_spec import KVQuantSpec
+    from quant.scales import KVScales
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cal-samples", type=int, default=16)
+    p.add_argument("--ppl-windows", type=int, default=32)
+    p.add_argument("--data-dir", type=Path, default=None, help="data folder (default $QA_DATA_DIR)")
+    p.add_argument("--out", type=Path, default=Path("reports/kv"))
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+    args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data_dir = data.resolve_data_dir(args.data_dir)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    model, tok = load_model(resolve_model("smollm2-135m"))
+
+    scales: dict[str, KVScales] = {}
+    for observer in ("absmax", "mse"):
+        start = time.monotonic()
+        name, chunks = load_prompts(tok, "gsm8k", data_dir, args.cal_samples, CAL_LEN, 0)
+        spec = CalibrationSpec(observer=observer, n_samples=args.cal_samples, seq_len=CAL_LEN, mse_max_tokens=2048)
+        scales[observer] = calibrate(model, chunks, spec, data_name=name, model_name="smollm2-135m")
+        scales[observer].save(out / f"scales_{observer}")
+        print(f"{observer}: calibrated in {time.monotonic() - start:.0f} s", flush=True)
+    configs = {
+        "dynamic": (KVQuantSpec(format="nvfp4"), None),
+        "absmax": (KVQuantSpec(format="nvfp4", scales="static"), scales["absmax"]),
+        "mse": (KVQuantSpec(format="nvfp4", scales="static"), scales["mse"]),
+        "scale_1.0": (KVQuantSpec(format="nvfp4", scales="constant", constant_scale=1.0), None),
+    }
+    _, prompts = load_prompts(tok, "wikitext2", data_dir, 4, 256, 0)
+    rows = data.load("wikitext2", data_dir)
+    ids = torch.tensor(tok("\n\n".join(r["text"] for r in rows), add_special_tokens=False)["input_ids"])
+    windows = ids[: (ids.numel() // PPL_LEN) * PPL_LEN].reshape(-1, PPL_LEN)[: args.ppl_windows]
+
+    results: dict[str, Any] = {
+        "n_cal": args.cal_samples,
+        "n_ppl_windows": int(windows.shape[0]),
+        "plain_ppl": _perplexity(model, windows, None, None),
+    }
+    print(f"plain: perplexity {results['plain_ppl']:.3f}", flush=True)
+    for name, (spec, sc) in configs.items():
+        report = inspect_kv(model, prompts, spec, sc, model_name="smollm2-135m")
+        (out / f"inspect_{name}.json").write_text(report.model_dump_json(indent=1), encoding="utf-8")
+        plot_report(report, out / f"inspect_{name}.png")
+        ppl = _perplexity(model, windows, spec, sc)
+        results[name] = {
+            "ppl": ppl,
+            "dppl": ppl - results["plain_ppl"],
+            "k_sqnr": [round(layer.k.sqnr_db, 2) for layer in report.layers],
+            "v_sqnr": [round(layer.v.sqnr_db, 2) for layer in report.layers],
+            "k_underflow": [round(layer.k.underflow_share, 5) for layer in report.layers],
+            "v_underflow": [round(layer.v.underflow_share, 5) for layer in report.layers],
+            "attn": [round(layer.attn_rel_error, 5) for layer in report.layers],
+        }
+        print(f"{name}: perplexity {ppl:.3f}", flush=True)
+        (out / "results.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    (out / "README.md").write_text(_table(results), encoding="utf-8")
+    print(f"wrote {out / 'README.md'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -36,7 +36,7 @@ def _print_verdict(verdict, run_dir: Path) -> None:
     for t in verdict.tasks:
         table.add_row(t.task, t.status, t.reason)
     console.print(table)
-    console.print(f"[bold {colour}]{verdict.status.upper()}[/bold {colour}]: {verdict.summary}")
+    console.print(f"[bold {colour}]{verdict.summary}[/bold {colour}]")  # the summary starts with the status
     console.print(f"report: {run_dir / 'report.html'}  (and report.md, comparison.json, verdict.json)")
 
 
