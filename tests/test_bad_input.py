@@ -23,9 +23,9 @@ import pytest
 
 from evals.records import SampleRecord, sha256_text, write_records
 from tests.evals.lmeval_fixtures import mc_lines, write_run
+from tests.shared_data import shared_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
 FINISHED = {"report.html": "<html>finished run</html>\n", "verdict.json": '{"status": "pass"}\n',
             "comparison.json": '{"finished": true}\n'}
 
@@ -45,10 +45,7 @@ limit = 4
 
 
 def _data_dir() -> Path:
-    value = os.environ.get("QA_DATA_DIR") or (str(SHARED_DATA) if SHARED_DATA.is_dir() else "")
-    if not value or not (Path(value) / "arc_easy").is_dir():
-        pytest.skip("the shared data folder is not available (set QA_DATA_DIR)")
-    return Path(value)
+    return shared_data_dir("arc_easy")
 
 
 def _plant(out: Path, spec_text: str | None) -> None:

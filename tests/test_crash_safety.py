@@ -28,18 +28,15 @@ import pytest
 import torch
 
 from evals.records import read_records
+from tests.shared_data import shared_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
 KILL_SEED = 20240611
 POLL_S = 0.01
 
 
 def _data_dir() -> Path:
-    value = os.environ.get("QA_DATA_DIR") or (str(SHARED_DATA) if SHARED_DATA.is_dir() else "")
-    if not value or not (Path(value) / "wikitext2").is_dir():
-        pytest.skip("the shared data folder is not available (set QA_DATA_DIR)")
-    return Path(value)
+    return shared_data_dir("wikitext2")
 
 
 SPEC = """\

@@ -15,6 +15,7 @@ import pytest
 
 from qa.spec import parse_spec
 from tests.evals.test_openai_engine import FakeServer
+from tests.shared_data import shared_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("quant", "evals", "qa", "benchmarks", "scripts", "examples")
@@ -119,9 +120,7 @@ max_tokens = 8
 
 def test_planted_api_key_reaches_the_server_and_no_output_file(tmp_path: Path) -> None:
     secret = "sk-planted-7f3a9c1e5b2d4f6a8c0e"
-    data = os.environ.get("QA_DATA_DIR") or str(ROOT.parent / "shared" / "data")
-    if not (Path(data) / "gsm8k").is_dir():
-        pytest.skip("the shared data folder is not available (set QA_DATA_DIR)")
+    data = str(shared_data_dir("gsm8k"))
     server = FakeServer(tmp_path)
     server.start()
     try:

@@ -3,7 +3,6 @@ long-context key-value retrieval)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -15,15 +14,11 @@ from evals.tasks import get_task
 from evals.tasks.base import TaskOptions
 from evals.tasks.needle import CHARS_PER_TOKEN, INSTRUCTION, NeedleTask, first_number
 from evals.tasks.wikitext_kl import chunk_scores, pack_lines, split_articles
-
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+from tests.shared_data import shared_data_dir
 
 
 def _data_dir() -> Path:
-    value = os.environ.get("QA_DATA_DIR") or (str(SHARED_DATA) if SHARED_DATA.is_dir() else "")
-    if not value or not (Path(value) / "wikitext2" / "derived" / "wiki.test.raw").is_file():
-        pytest.skip("WikiText-2 data not available (set QA_DATA_DIR)")
-    return Path(value)
+    return shared_data_dir("wikitext2/derived/wiki.test.raw")
 
 
 # ------------------------------------------------------------------------------------ wikitext_kl

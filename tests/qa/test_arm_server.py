@@ -15,9 +15,9 @@ import pytest
 from evals.records import read_records
 from qa.errors import SpecError
 from qa.spec import parse_spec
+from tests.shared_data import shared_data_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 HEAD = 'name = "s"\n[[tasks]]\nname = "gsm8k"\nlimit = 2\n'
 
@@ -51,10 +51,7 @@ def test_server_table_parses() -> None:
 
 
 def _data_dir() -> Path:
-    value = os.environ.get("QA_DATA_DIR") or (str(SHARED_DATA) if SHARED_DATA.is_dir() else "")
-    if not value:
-        pytest.skip("the shared data folder is not available (set QA_DATA_DIR)")
-    return Path(value)
+    return shared_data_dir()
 
 
 def _qa_run(spec: Path, run: Path) -> subprocess.CompletedProcess[str]:

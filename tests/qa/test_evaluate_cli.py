@@ -4,7 +4,6 @@ input is one line with exit 2."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,11 @@ import pytest
 from evals.records import read_records
 from tests.evals.hf_fixtures import save_tiny
 from tests.qa.test_compare_cli import run_cli
-
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from tests.shared_data import shared_data_dir
 
 
 def _data_dir() -> Path:
-    value = os.environ.get("QA_DATA_DIR") or (str(SHARED_DATA) if SHARED_DATA.is_dir() else "")
-    if not value:
-        pytest.skip("the shared data folder is not available (set QA_DATA_DIR)")
-    return Path(value)
+    return shared_data_dir()
 
 
 @pytest.fixture(scope="module")
