@@ -1,4 +1,7 @@
-"""Wall-time overhead of the emulated quantized KV cache vs the plain model (DynamicCache).
+"""Wall-time overhead of the emulated quantized KV cache vs the plain model.
+
+The plain side uses the hf engine's baseline cache (`quant.plain_cache`, growable buffers like the
+emulated cache's) by default, or transformers' DynamicCache with `--plain dynamic`.
 
 Greedy generation of exactly --new-tokens tokens after a --prompt-tokens prompt (random token ids from a
 seeded generator: the content does not change the cost), plain and emulated runs interleaved so that
@@ -40,6 +43,7 @@ def main() -> None:
     from evals.models import load_model, resolve_model
     from quant.kv_cache import make_cache
     from quant.kv_spec import kv_spec_from_dict
+    from quant.plain_cache import make_plain_cache
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -51,6 +55,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--plain", choices=("growable", "dynamic"), default="growable",
+                   help="plain-side cache: the engine's baseline cache or transformers' DynamicCache")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -62,7 +68,8 @@ def main() -> None:
     _generate(model, ids, 4, None)  # warm-up
     plain, emulated = [], []
     for _ in range(args.repeats):
-        plain.append(_generate(model, ids, args.new_tokens, None))
+        plain.append(_generate(model, ids, args.new_tokens,
+                               make_plain_cache(model.config) if args.plain == "growable" else None))
         emulated.append(_generate(model, ids, args.new_tokens, make_cache(model.config, spec)))
     # process CPU time is reported too: on a shared machine it is far less noisy than wall time
     summary: dict[str, object] = {
@@ -71,6 +78,7 @@ def main() -> None:
         "prompt_tokens": args.prompt_tokens,
         "new_tokens": args.new_tokens,
         "threads": torch.get_num_threads(),
+        "plain_cache": args.plain,
     }
     for i, what in enumerate(("wall", "cpu")):
         p_s, e_s = [t[i] for t in plain], [t[i] for t in emulated]

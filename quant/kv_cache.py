@@ -5,7 +5,7 @@ Each layer holds one `_Stream` for K and one for V. A stream keeps
 - the *main* region: old tokens, in the layer's format (a list of QuantizedTensor chunks);
 - the *recent* region: the last `recent_window` tokens in `recent_format`; a token leaving the window
   is re-quantized to the main format from its stored recent-format value (what the cache holds);
-- a dequantized shadow of both (model dtype) in one growable buffer (`_Shadow`): new tokens are written
+- a dequantized shadow of both (model dtype) in one growable buffer (`quant.kv_buffer.KVBuffer`): new tokens are written
   into spare capacity, a token leaving the window is overwritten in place, and attention reads a view
   (no per-step concatenation). Dequantization is elementwise per block, so the shadow equals
   `dequantize(stored bytes)` exactly.
@@ -34,6 +34,7 @@ from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from quant.errors import QuantError
 from quant.formats import KVFormat, QuantizedTensor, get_format
+from quant.kv_buffer import BatchOpsMixin, KVBuffer
 from quant.kv_spec import CORRUPTIBLE_FORMATS, KVQuantSpec, ScaleLayout
 from quant.scales import KVScales
 
@@ -122,56 +123,42 @@ def _seed(*parts: int) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-class _Shadow:
-    """Dequantized values [B, H, T, D] of a stream's stored tokens, oldest first, in one buffer with spare
-    capacity along T: appending writes in place (capacity doubles when full, so copies are amortized
-    O(1) per token), evicting the oldest tokens moves a start offset, and `tensor()` is a view."""
+def _repeat_token(q: QuantizedTensor, n: int) -> QuantizedTensor:
+    """A one-token QuantizedTensor [B, H, 1, ...] repeated to n tokens."""
+    data = {key: t.expand(*t.shape[:-2], n, t.shape[-1]).contiguous() for key, t in q.data.items()}
+    return replace(q, shape=(*q.shape[:-2], n, q.shape[-1]), data=data)
 
-    MIN_CAPACITY = 64
 
-    def __init__(self) -> None:
-        self.buf: torch.Tensor | None = None  # [B, H, capacity, D]
-        self.start = 0
-        self.length = 0
+def _with_row(scale: torch.Tensor | None, row: int, other: torch.Tensor | None) -> torch.Tensor | None:
+    """A per-sequence scale [B, ...] with row `row` replaced by `other`'s [1, ...] (a copy)."""
+    if scale is None or other is None or scale.dim() == 0:
+        return scale
+    out = scale.clone()
+    out[row] = other[0]
+    return out
 
-    def tensor(self) -> torch.Tensor | None:
-        """The stored tokens [B, H, length, D] (a view of the buffer), or None before the first write."""
-        return None if self.buf is None else self.buf[..., self.start : self.start + self.length, :]
 
-    def append(self, x: torch.Tensor) -> None:
-        """Store x [B, H, n, D] after the current tokens."""
-        n = x.shape[-2]
-        end = self.start + self.length
-        if self.buf is None or end + n > self.buf.shape[-2]:
-            live = self.tensor()
-            capacity = max(2 * (self.length + n), self.MIN_CAPACITY)
-            buf = x.new_empty((*x.shape[:-2], capacity, x.shape[-1]))
-            if live is not None and self.length:
-                buf[..., : self.length, :] = live
-            self.buf, self.start, end = buf, 0, self.length
-        self.buf[..., end : end + n, :] = x
-        self.length += n
+def _cat_rows(scales: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """Per-sequence scales [1, ...] of several streams as one [B, ...] tensor."""
+    if scales[0] is None or scales[0].dim() == 0:
+        return scales[0]
+    return torch.cat(scales, dim=0)  # type: ignore[arg-type]
 
-    def overwrite(self, position: int, x: torch.Tensor) -> None:
-        """Replace the n stored tokens from `position` (0 = oldest) by x [B, H, n, D]."""
-        assert self.buf is not None and position + x.shape[-2] <= self.length
-        first = self.start + position
-        self.buf[..., first : first + x.shape[-2], :] = x
 
-    def drop_oldest(self, n: int) -> None:
-        """Forget the n oldest tokens."""
-        self.start += n
-        self.length -= n
+def _set_row(q: QuantizedTensor, row: int, other: QuantizedTensor, scale: torch.Tensor | None) -> QuantizedTensor:
+    """q with sequence `row` of every stored tensor replaced (in place) by other's sequence 0."""
+    for key, t in q.data.items():
+        t[row] = other.data[key][0]
+    return replace(q, scale=scale if q.scale is not None else None)
 
-    def drop_latest(self, n: int) -> None:
-        """Forget the n newest tokens."""
-        self.length -= n
 
-    def map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Apply a batch-dim operation (select, repeat, reorder) to the stored tokens."""
-        live = self.tensor()
-        if live is not None:
-            self.buf, self.start = fn(live).contiguous(), 0
+def _stack_q(qs: list[QuantizedTensor], scale: torch.Tensor | None) -> QuantizedTensor:
+    """Same-format QuantizedTensors [B_i, H, T, ...] concatenated along the batch dim."""
+    first = qs[0]
+    data = {key: torch.cat([q.data[key] for q in qs], dim=0) for key in first.data}
+    batch = sum(q.shape[0] for q in qs)
+    return replace(first, shape=(batch, *first.shape[1:]), data=data,
+                   scale=scale if first.scale is not None else None)
 
 
 class _Stream:
@@ -184,7 +171,7 @@ class _Stream:
     def reset(self) -> None:
         self.main: list[QuantizedTensor] = []
         self.recent: QuantizedTensor | None = None
-        self.shadow = _Shadow()  # dequantized main tokens, then recent tokens (model dtype)
+        self.shadow = KVBuffer()  # dequantized main tokens, then recent tokens (model dtype)
         self._main_len = 0
         self.scale: torch.Tensor | None = self._static(self.plan.fmt, self.plan.static_scale)
         self.recent_scale: torch.Tensor | None = (
@@ -365,6 +352,66 @@ class _Stream:
         self.recent = remap(self.recent, self.recent_scale) if self.recent is not None else None
         self.shadow.map_batch(fn)
 
+    # ---- rows (per-sequence prefill, batched decode) ----
+    def pad_left(self, n: int) -> None:
+        """Put n zero tokens before the oldest one, in the region a longer sequence would hold them in:
+        the recent window first while the main region is empty, then the main region."""
+        if n <= 0:
+            return
+        ref = self.view()
+        to_recent = min(n, self.plan.window - self.recent_len) if self.main_len == 0 and self.plan.window else 0
+        to_main = n - to_recent
+        zero = ref.new_zeros((*ref.shape[:-2], 1, ref.shape[-1]))  # one zero token: tokens quantize alike
+        if to_recent:
+            assert self.plan.recent_fmt is not None
+            q = _repeat_token(self.plan.recent_fmt.quantize(zero, self.recent_scale), to_recent)
+            self.recent = q if self.recent is None else _cat([q, self.recent])
+        if to_main:
+            self.main.insert(0, _repeat_token(self.plan.fmt.quantize(zero, self.scale), to_main))
+            self._main_len += to_main
+        self.shadow.pad_left(n)
+
+    def set_row(self, row: int, other: _Stream) -> None:
+        """Overwrite batch row `row` with `other`'s single sequence (same region lengths): stored bytes,
+        per-sequence scales and dequantized values, nothing re-quantized."""
+        if (other.main_len, other.recent_len) != (self.main_len, self.recent_len):
+            raise QuantError(
+                f"row regions {other.main_len}+{other.recent_len} do not match the batch's "
+                f"{self.main_len}+{self.recent_len}; pad the row first"
+            )
+        self._consolidate()
+        other._consolidate()
+        if self.plan.dynamic:
+            self.scale = _with_row(self.scale, row, other.scale)
+            self.recent_scale = _with_row(self.recent_scale, row, other.recent_scale)
+        if self.main:
+            self.main[0] = _set_row(self.main[0], row, other.main[0], self.scale)
+        if self.recent is not None and other.recent is not None:
+            self.recent = _set_row(self.recent, row, other.recent, self.recent_scale)
+        self.shadow.set_row(row, other.shadow)
+
+    @staticmethod
+    def stack(streams: list[_Stream]) -> _Stream:
+        """One stream holding every stream's sequences in order (same plan and region lengths)."""
+        first = streams[0]
+        if any((s.main_len, s.recent_len) != (first.main_len, first.recent_len) for s in streams):
+            raise QuantError("streams of different lengths cannot be stacked; pad them first")
+        for s in streams:
+            s._consolidate()
+        out = _Stream(first.plan)
+        out._main_len, out.dtype = first._main_len, first.dtype
+        out.writes = max(s.writes for s in streams)
+        out.scales_ready = all(s.scales_ready for s in streams)
+        if first.plan.dynamic:
+            out.scale = _cat_rows([s.scale for s in streams])
+            out.recent_scale = _cat_rows([s.recent_scale for s in streams])
+        if first.main:
+            out.main = [_stack_q([s.main[0] for s in streams], out.scale)]
+        if first.recent is not None:
+            out.recent = _stack_q([s.recent for s in streams], out.recent_scale)  # type: ignore[misc]
+        out.shadow = KVBuffer.stack([s.shadow for s in streams])
+        return out
+
     # ---- inspection ----
     def stored(self) -> tuple[QuantizedTensor | None, QuantizedTensor | None]:
         """(main, recent) quantized regions as single QuantizedTensors (None when empty)."""
@@ -385,7 +432,7 @@ class _Stream:
         return 0 if v is None else v.numel()
 
 
-class QuantizedKVLayer(DynamicLayer):
+class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
     """One full-attention layer of the emulated cache: K and V stored quantized, read dequantized."""
 
     is_sliding = False
@@ -511,20 +558,47 @@ class QuantizedKVLayer(DynamicLayer):
             return
         self.k.map_batch(fn)
         self.v.map_batch(fn)
-        self.keys = fn(self.keys) if self.keys is not None else None
-        self.values = fn(self.values) if self.values is not None else None
+        self._views()
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat every sequence `repeats` times (prefix reuse): stored bytes copied, never re-quantized."""
-        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+    # ---- rows: sequences prefilled one by one, decoded as a right-aligned batch ----
+    def _views(self) -> None:
+        self.keys, self.values = self.k.view(), self.v.view()
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Keep only the sequences `indices`."""
-        self._map_batch(lambda t: t[indices.to(t.device)])
+    def pad_left(self, n: int) -> None:
+        """Put n zero tokens (masked by the caller) before every sequence's oldest token."""
+        if n <= 0 or not self.is_initialized:
+            return
+        self.k.pad_left(n)
+        self.v.pad_left(n)
+        self.cumulative_length += n
+        self._views()
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder sequences for beam search (stored bytes move as they are)."""
-        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+    def drop_oldest(self, n: int) -> None:
+        """Forget the n oldest token positions of every sequence (positions that are padding for all)."""
+        if n <= 0 or not self.is_initialized:
+            return
+        self.k.drop_oldest(n)
+        self.v.drop_oldest(n)
+        self.cumulative_length -= n
+        self._views()
+
+    def set_row(self, row: int, other: QuantizedKVLayer) -> None:
+        """Overwrite sequence `row` with `other`'s single sequence of the same length."""
+        self.k.set_row(row, other.k)
+        self.v.set_row(row, other.v)
+        self._joint_scale = None
+        self._views()
+
+    @classmethod
+    def stack(cls, layers: list[QuantizedKVLayer]) -> QuantizedKVLayer:
+        """One layer holding the sequences of `layers` (same plans and lengths), in order."""
+        first = layers[0]
+        out = cls(first.k.plan, first.v.plan, first.prefill_reads_quantized)
+        out.k = _Stream.stack([layer.k for layer in layers])
+        out.v = _Stream.stack([layer.v for layer in layers])
+        out.device, out.is_initialized, out.cumulative_length = first.device, True, first.cumulative_length
+        out._views()
+        return out
 
     def offload(self) -> None:
         """Not supported: the emulated cache stays on its device."""
@@ -583,6 +657,11 @@ class QuantizedSlidingKVLayer(QuantizedKVLayer):
         """The window size."""
         return self.sliding_window
 
+    def _no_rows(self, *args, **kwargs):
+        raise QuantError("row operations need full-attention layers; this model has sliding-window layers")
+
+    pad_left = drop_oldest = set_row = _no_rows  # type: ignore[assignment]
+
     def crop(self, tokens_to_remove: int) -> None:
         """Crop within the window only (evicted tokens cannot come back)."""
         if self.cumulative_length >= self.sliding_window and tokens_to_remove != 0:
@@ -609,6 +688,34 @@ class QuantizedKVCache(Cache):
     def nbytes(self) -> int:
         """Total stored bytes (K and V of every layer)."""
         return sum(s.k_bytes + s.v_bytes for s in self.storage())
+
+    @property
+    def supports_rows(self) -> bool:
+        """Whether `pad_left`, `set_row`, `drop_oldest` and `stack` work (every layer full attention)."""
+        return not any(layer.is_sliding for layer in self.layers)
+
+    def pad_left(self, n: int) -> None:
+        """Put n zero tokens before every sequence (right-aligning it with a longer batch)."""
+        for layer in self.layers:
+            layer.pad_left(n)
+
+    def drop_oldest(self, n: int) -> None:
+        """Forget the n oldest positions of every sequence (padding for all of them)."""
+        for layer in self.layers:
+            layer.drop_oldest(n)
+
+    def set_row(self, row: int, other: QuantizedKVCache) -> None:
+        """Overwrite sequence `row` with `other`'s single sequence of the same length (pad it first)."""
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.set_row(row, theirs)
+
+    @classmethod
+    def stack(cls, caches: list[QuantizedKVCache]) -> QuantizedKVCache:
+        """One cache holding the sequences of `caches` (same spec and length), in order."""
+        if not all(c.supports_rows for c in caches):
+            raise QuantError("row operations need full-attention layers; this model has sliding-window layers")
+        layers = [QuantizedKVLayer.stack([c.layers[i] for c in caches]) for i in range(len(caches[0].layers))]
+        return cls(layers, caches[0].spec)
 
     def clone(self) -> QuantizedKVCache:
         """An independent copy (e.g. of a few-shot prefix) that shares no tensors; nothing is re-quantized."""

@@ -7,14 +7,17 @@ continuation); generation left-pads, left-truncates the prompt to `max_length - 
 cuts the decoded text at the first stop string.
 
 Speed comes from batching (requests sorted by length, under a token budget), logits computed only
-where they are read, a plain decode loop that drops finished rows from the batch, and the shared
-few-shot prefix: its KV is computed once, held in the same cache class as every other KV (so
-quantized exactly as the real cache would hold it), and copied into each batch. With prefix reuse
-the suffix reads the prefix from the cache, as a serving engine with prefix caching does.
+where they are read, caches that grow in place (no per-step concatenation), continuous batching
+for generation (each prompt is prefilled alone and unpadded, then joins the decoding batch in the
+row of a finished sequence), and the shared few-shot prefix: its KV is computed once, held in the
+same cache class as every other KV (so quantized exactly as the real cache would hold it), and
+copied into each sequence. With prefix reuse the suffix reads the prefix from the cache, as a
+serving engine with prefix caching does. Models with sliding-window layers decode in fixed
+left-padded batches instead (their caches have no row operations).
 
 Every forward pass gets a fresh cache from `HFEngine.new_cache`, the one place where the cache
-class is chosen: the quantized cache when the arm has a `kv` spec, transformers' DynamicCache when
-it has none.
+class is chosen: the quantized cache when the arm has a `kv` spec, the plain one
+(`quant.plain_cache`) when it has none.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_LENGTH = 2048  # lm-eval HFLM._DEFAULT_MAX_LENGTH, used when the config names no window
 MAX_PREFIXES = 4  # few-shot prefixes whose KV is kept; one per task is the common case
 STOP_WINDOW_EXTRA = 4  # tokens decoded beyond the longest stop string's length when checking for it
+TRIM_MIN_POSITIONS = 64  # drop positions that are padding in every decoding row once there are this many
 LOGITS_BUDGET_BYTES = 1 << 30  # full-sequence logits held at once by token_logprobs (batch x len x vocab x 4 B)
 
 R = TypeVar("R")
@@ -96,6 +100,20 @@ class _PrefixKV:
         if n > 1:
             cache.batch_repeat_interleave(n)
         return cache
+
+
+@dataclass
+class _Row:
+    """One sequence of a continuous-batching decode: its prefilled cache until it joins the batch, the
+    token picked but not yet fed (at position `next_pos`), and the tokens generated so far."""
+
+    cache: Any
+    length: int  # positions in its cache after the prefill (prefix included)
+    pending: int
+    next_pos: int
+    gen: torch.Generator | None
+    window: int  # tokens decoded when checking for a stop string
+    tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -150,6 +168,10 @@ class HFEngine:
         # transformers >= 5.2x names the cache argument `cache`; older releases `past_key_values`
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        try:  # continuous batching needs a cache with row operations (full-attention layers only)
+            self._rows_ok = bool(getattr(self.new_cache(), "supports_rows", False))
+        except Exception:  # noqa: BLE001 - a spec that does not fit the model is reported by build()
+            self._rows_ok = False
         self._decoder, self._head = _split_head(model)
         self._split_head = self._decoder is not None
         if self._decoder is not None:
@@ -172,13 +194,20 @@ class HFEngine:
     # -- the cache seam --------------------------------------------------------------------------
 
     def new_cache(self, padding_mask: torch.Tensor | None = None) -> Any:
-        """A fresh, empty KV cache for one forward batch: quantized when the arm has a kv spec.
+        """A fresh, empty KV cache for one forward batch: quantized when the arm has a kv spec, else the
+        plain growable cache (`quant.plain_cache`; transformers' DynamicCache for models it cannot describe).
 
         `padding_mask` ([batch, first-write tokens], 1 = real token) keeps pads out of dynamic scales."""
         if self.kv_spec is None:
-            from transformers import DynamicCache
+            from quant.errors import QuantError
+            from quant.plain_cache import make_plain_cache
 
-            return DynamicCache(config=self.model.config)
+            try:
+                return make_plain_cache(self.model.config)
+            except QuantError:  # a model our caches do not describe (e.g. encoder-decoder): transformers' own
+                from transformers import DynamicCache
+
+                return DynamicCache(config=self.model.config)
         from quant.kv_cache import make_cache
 
         cache = make_cache(self.model.config, self.kv_spec, self.scales)
@@ -324,6 +353,9 @@ class HFEngine:
             # longest first (as lm-eval): estimates err high, memory errors show up at once
             members.sort(key=lambda m: (-len(m[1]), m[0]))
             lengths = [len(ids) - cut + requests[i].max_tokens for i, ids in members]
+            if self._rows_ok:
+                self._generate_stream(requests, members, pre, cut, max(lengths), out)
+                continue
             batches = _chunks(members, self._batch_sizes(lengths))
 
             def run(batch: list[tuple[int, list[int]]], pre: _PrefixKV | None = pre,
@@ -336,10 +368,148 @@ class HFEngine:
         assert all(r is not None for r in out)
         return out  # type: ignore[return-value]
 
+    # -- continuous batching: one prefill per sequence, finished rows refilled from the queue ------
+
+    @torch.inference_mode()
+    def _prefill_row(self, req: GenerateRequest, ids: list[int], pre: _PrefixKV | None,
+                     gen: torch.Generator | None) -> _Row:
+        """Prefill one prompt (after the cached prefix) unpadded, and pick its first token."""
+        p = len(pre.ids) if pre is not None else 0
+        cache = pre.expand(1) if pre is not None else self.new_cache()
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        step = self.args.prefill_chunk
+        for start in range(0, len(ids), step):
+            end = min(len(ids), start + step)
+            pos = torch.arange(p + start, p + end, device=self.device)[None, :]
+            logits = self._forward(x[:, start:end], cache=cache, position_ids=pos, logits_to_keep=1)
+        first = self._pick(logits[:, -1, :].float(), [req], [gen])[0]
+        return _Row(cache=cache, length=p + len(ids), pending=first, next_pos=p + len(ids), gen=gen,
+                    window=max((len(u) for u in req.until), default=0) + STOP_WINDOW_EXTRA)
+
+    def _row_done(self, req: GenerateRequest, row: _Row) -> GenerateResult | None:
+        """Take the row's pending token; the result when the sequence is finished, else None."""
+        tok = row.pending
+        row.tokens.append(tok)
+        if tok in self.eos_ids:
+            return self._finish(req, row.tokens[:-1], len(row.tokens), "stop")
+        if req.until and self._has_stop(row.tokens, req.until, row.window):
+            return self._finish(req, row.tokens, len(row.tokens), "stop")
+        if len(row.tokens) >= req.max_tokens:
+            return self._finish(req, row.tokens, len(row.tokens), "length")
+        return None
+
+    def _generate_stream(self, requests: list[GenerateRequest], members: list[tuple[int, list[int]]],
+                         pre: _PrefixKV | None, cut: int, longest: int,
+                         out: list[GenerateResult | Failure | None]) -> None:
+        """Generate for `members` (sorted longest first) with at most `width` sequences decoding at once.
+
+        Each prompt is prefilled alone and unpadded (faster on CPU than a padded batch, and no causal
+        work on padding), then joined to the decoding batch right-aligned: a shorter sequence is
+        left-padded with masked zeros, a finished sequence's row is overwritten by the next prompt, and
+        positions that are padding for every row are dropped. On an error the unfinished requests are
+        run again one by one, so only a failing request fails."""
+        width = min(self.args.batch_size, max(1, self.args.max_batch_tokens // max(1, longest)))
+        queue = deque(members)
+        live: list[tuple[int, _Row]] = []  # (request index, row), in cache row order
+        try:
+            self._stream(requests, queue, live, pre, cut, width, out)
+        except Exception as exc:  # noqa: BLE001 - fall back to one request at a time
+            rest = [m for m in members if out[m[0]] is None]
+            log.warning("hf engine: batched decoding failed (%s); running %d requests one by one", exc, len(rest))
+            for m in rest:
+                req, ids = requests[m[0]], m[1][cut:]
+                res = self._guarded([[m]], lambda b, req=req, ids=ids: self._generate_batch([req], [ids], pre))
+                out[m[0]] = res[0][0]
+
+    @torch.inference_mode()
+    def _stream(self, requests: list[GenerateRequest], queue: deque[tuple[int, list[int]]],
+                live: list[tuple[int, _Row]], pre: _PrefixKV | None, cut: int, width: int,
+                out: list[GenerateResult | Failure | None]) -> None:
+        dev = self.device
+
+        def admit() -> tuple[int, _Row] | None:
+            """The next queued request, prefilled; None when the queue is empty. Requests that finish
+            (or fail) at their first token are recorded and skipped."""
+            while queue:
+                i, ids = queue.popleft()
+                req = requests[i]
+                gen = None
+                if req.temperature > 0:
+                    gen = torch.Generator(device=dev)
+                    gen.manual_seed(req.seed if req.seed is not None else 0)
+                try:
+                    row = self._prefill_row(req, ids[cut:], pre, gen)
+                except Exception as exc:  # noqa: BLE001 - one bad request must not sink the others
+                    out[i] = Failure(f"{type(exc).__name__}: {exc}")
+                    continue
+                done = self._row_done(req, row)
+                if done is not None:
+                    out[i] = done
+                    continue
+                return i, row
+            return None
+
+        first = [r for r in (admit() for _ in range(width)) if r is not None]
+        if not first:
+            return
+        t = max(row.length for _, row in first)
+        for _, row in first:
+            row.cache.pad_left(t - row.length)
+        cache = type(first[0][1].cache).stack([row.cache for _, row in first])
+        mask = torch.tensor([[0] * (t - row.length) + [1] * row.length for _, row in first], dtype=torch.long)
+        live.extend(first)
+        for _, row in live:
+            row.cache = None  # its tensors now live in the batch cache
+        mask = mask.to(dev)
+        while live:
+            tokens = torch.tensor([[row.pending] for _, row in live], dtype=torch.long, device=dev)
+            pos = torch.tensor([[row.next_pos] for _, row in live], dtype=torch.long, device=dev)
+            mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+            logits = self._forward(tokens, cache=cache, attention_mask=mask, position_ids=pos,
+                                   logits_to_keep=1)[:, -1, :].float()
+            picked = self._pick(logits, [requests[i] for i, _ in live], [row.gen for _, row in live])
+            free: list[int] = []
+            for b, (i, row) in enumerate(live):
+                row.pending, row.next_pos = picked[b], row.next_pos + 1
+                done = self._row_done(requests[i], row)
+                if done is not None:
+                    out[i] = done
+                    free.append(b)
+            while free and queue:  # refill finished rows
+                nxt = admit()
+                if nxt is None:
+                    break
+                b = free.pop(0)
+                i, row = nxt
+                t = mask.shape[1]
+                if row.length > t:  # longer than the batch so far: make room on the left
+                    cache.pad_left(row.length - t)
+                    mask = torch.cat([mask.new_zeros((len(live), row.length - t)), mask], dim=1)
+                    t = row.length
+                row.cache.pad_left(t - row.length)
+                cache.set_row(b, row.cache)
+                row.cache = None
+                mask[b] = 0
+                mask[b, t - row.length:] = 1
+                live[b] = (i, row)
+            if free:  # nothing left to refill them with: drop the rows
+                keep = [b for b in range(len(live)) if b not in set(free)]
+                if not keep:
+                    break
+                idx = torch.tensor(keep, dtype=torch.long, device=dev)
+                cache.batch_select_indices(idx)
+                mask = mask[idx]
+                live[:] = [live[b] for b in keep]
+            lead = int((mask.cumsum(dim=1) == 0).sum(dim=1).min())  # positions that are padding in every row
+            if lead >= TRIM_MIN_POSITIONS:
+                cache.drop_oldest(lead)
+                mask = mask[:, lead:]
+
     @torch.inference_mode()
     def _generate_batch(self, reqs: list[GenerateRequest], prompts: list[list[int]],
                         pre: _PrefixKV | None) -> list[GenerateResult]:
-        """Generate for one batch: left-padded prompts after an optional cached prefix."""
+        """Generate for one fixed batch (models with sliding-window layers, and the one-by-one fallback):
+        left-padded prompts after an optional cached prefix; finished rows leave the batch."""
         n, p = len(prompts), (len(pre.ids) if pre is not None else 0)
         s = max(len(x) for x in prompts)
         dev = self.device

@@ -155,6 +155,44 @@ def test_generation_prefix_reuse_gives_the_same_text(engine: HFEngine) -> None:
     assert with_prefix == without
 
 
+def _varied_requests() -> list[GenerateRequest]:
+    """Prompts of different lengths and budgets: rows finish at different steps and get refilled."""
+    texts = [" ".join([PROMPTS[i % 3]] * (1 + i % 4)) for i in range(7)]
+    return [GenerateRequest(prompt=t, max_tokens=3 + 5 * (i % 3)) for i, t in enumerate(texts)]
+
+
+@pytest.mark.parametrize("kv", [None, {"format": "nvfp4"}, {"format": "nvfp4", "recent_window": 4}])
+def test_continuous_batching_refills_rows_and_equals_one_request_at_a_time(kv) -> None:
+    args = {} if kv is None else {"kv": kv}
+    narrow = tiny_engine({"batch_size": 2, **args})  # 7 requests through 2 rows: 5 refills
+    single = tiny_engine({"batch_size": 1, **args})
+    assert narrow._rows_ok
+    reqs = _varied_requests()
+    batched = narrow.generate(reqs)
+    for req, res in zip(reqs, batched, strict=True):
+        assert res == single.generate([req])[0]
+    if kv is None:
+        for req, res in zip(reqs, batched, strict=True):
+            assert res.text == _reference_greedy(narrow, req.prompt, req.max_tokens)[1]
+
+
+def test_rows_longer_than_the_batch_pad_it_and_errors_fall_back_to_one_by_one(monkeypatch) -> None:
+    engine = tiny_engine({"batch_size": 2})
+    reqs = _varied_requests()
+    want = [engine.generate([r])[0] for r in reqs]
+    members = sorted(((i, engine.tok_encode(r.prompt)) for i, r in enumerate(reqs)), key=lambda m: len(m[1]))
+    out: list = [None] * len(reqs)  # shortest first: every refill is longer than the batch so far
+    engine._generate_stream(reqs, members, None, 0, max(len(m[1]) for m in members) + 13, out)
+    assert out == want
+    from quant.plain_cache import PlainKVCache
+
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("simulated failure while joining rows")
+
+    monkeypatch.setattr(PlainKVCache, "stack", broken)
+    assert engine.generate(reqs) == want  # the fixed-batch path, one request at a time
+
+
 # ------------------------------------------------------------------------------------ log-likelihood
 
 

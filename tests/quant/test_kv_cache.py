@@ -462,3 +462,88 @@ def test_long_generation_through_buffer_growth_keeps_shadow_equal_to_stored_byte
                                                                               recent_format="none")))
     assert torch.equal(plain.sequences, none.sequences)
     assert all(torch.equal(a, b) for a, b in zip(plain.scores, none.scores, strict=True))
+
+
+# ---- row operations: sequences prefilled alone, decoded as one right-aligned batch ----
+
+ROW_SPECS = [
+    {"format": "nvfp4"},
+    {"format": "nvfp4", "recent_window": 4, "recent_format": "fp8_e4m3"},
+    {"format": "nvfp4", "recent_window": 16, "recent_format": "fp8_e4m3"},  # longer than the short row
+    {"format": "int4", "scales": "constant", "constant_scale": 0.05},
+]
+
+
+def _prefilled(model, spec: dict, ids: list[int]):
+    cache = make_cache(model.config, kv_spec_from_dict(spec))
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True)
+    return cache
+
+
+def _next_logits(model, cache, mask: torch.Tensor, positions: list[int], token: int = 9) -> torch.Tensor:
+    n = len(positions)
+    step_mask = torch.cat([mask, torch.ones(n, 1, dtype=torch.long)], dim=1)
+    with torch.inference_mode():
+        return model(input_ids=torch.full((n, 1), token), cache=cache, attention_mask=step_mask,
+                     position_ids=torch.tensor([[p] for p in positions]), use_cache=True).logits[:, -1]
+
+
+@pytest.mark.parametrize("spec", ROW_SPECS, ids=lambda s: "-".join(f"{v}" for v in s.values()))
+def test_rows_prefilled_alone_stack_into_a_batch_that_decodes_like_each_alone(llama, spec):
+    gen = torch.Generator().manual_seed(7)
+    seqs = [torch.randint(1, 128, (n,), generator=gen).tolist() for n in (21, 3, 12)]
+    alone = []
+    for s in seqs:
+        c = _prefilled(llama, spec, s)
+        alone.append(_next_logits(llama, c, torch.ones(1, len(s), dtype=torch.long), [len(s)])[0])
+    rows = [_prefilled(llama, spec, s) for s in seqs]
+    own = [[(layer.k.stored(), layer.v.stored()) for layer in r.layers] for r in rows]
+    for r, s in zip(rows, seqs):
+        r.pad_left(21 - len(s))
+    batch = type(rows[0]).stack(rows)
+    assert batch.get_seq_length() == 21
+    # the short row's stored bytes (layer 1, K and V) sit unchanged at the end of each region
+    for kind in (0, 1):
+        stream = (batch.layers[1].k, batch.layers[1].v)[kind]
+        for mine, theirs in zip(stream.stored(), own[1][1][kind]):
+            if theirs is None:
+                continue
+            n = theirs.shape[-2]
+            for key, t in theirs.data.items():
+                assert torch.equal(mine.data[key][1, :, mine.shape[-2] - n :], t[0])
+        assert torch.equal(stream.view()[1, :, :18], torch.zeros_like(stream.view()[1, :, :18]))  # padding
+    mask = torch.tensor([[0] * (21 - len(s)) + [1] * len(s) for s in seqs])
+    got = _next_logits(llama, batch, mask, [len(s) for s in seqs])
+    for i in range(3):
+        torch.testing.assert_close(got[i], alone[i], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ROW_SPECS[:2], ids=lambda s: "-".join(f"{v}" for v in s.values()))
+def test_set_row_carries_the_rows_own_dynamic_scale_and_drop_oldest_trims(llama, spec):
+    gen = torch.Generator().manual_seed(8)
+    a, b, c = (torch.randint(1, 128, (n,), generator=gen).tolist() for n in (30, 26, 5))
+    rows = [_prefilled(llama, spec, s) for s in (a, b)]
+    rows[1].pad_left(4)
+    batch = type(rows[0]).stack(rows)
+    replacement = _prefilled(llama, spec, c)
+    scale_c = replacement.layers[0].k.scale.clone()
+    replacement.pad_left(25)
+    batch.set_row(0, replacement)
+    assert torch.equal(batch.layers[0].k.scale[0], scale_c[0])  # per-sequence scale moved with the row
+    mask = torch.tensor([[0] * 25 + [1] * 5, [0] * 4 + [1] * 26])
+    batch.drop_oldest(4)
+    assert batch.get_seq_length() == 26
+    got = _next_logits(llama, batch, mask[:, 4:], [5, 26])
+    for i, s in enumerate((c, b)):
+        want = _next_logits(llama, _prefilled(llama, spec, s), torch.ones(1, len(s), dtype=torch.long), [len(s)])
+        torch.testing.assert_close(got[i], want[0], rtol=0, atol=1e-5)
+
+
+def test_row_operations_refuse_sliding_window_layers(gemma):
+    cache = make_cache(gemma.config, kv_spec_from_dict({"format": "nvfp4"}))
+    assert not cache.supports_rows
+    with pytest.raises(QuantError, match="sliding-window"):
+        cache.pad_left(2)
+    with pytest.raises(QuantError, match="sliding-window"):
+        type(cache).stack([cache, cache])
