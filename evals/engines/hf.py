@@ -409,10 +409,8 @@ class HFEngine:
         positions that are padding for every row are dropped. On an error the unfinished requests are
         run again one by one, so only a failing request fails."""
         width = min(self.args.batch_size, max(1, self.args.max_batch_tokens // max(1, longest)))
-        queue = deque(members)
-        live: list[tuple[int, _Row]] = []  # (request index, row), in cache row order
         try:
-            self._stream(requests, queue, live, pre, cut, width, out)
+            self._stream(requests, deque(members), pre, cut, width, out)
         except Exception as exc:  # noqa: BLE001 - fall back to one request at a time
             rest = [m for m in members if out[m[0]] is None]
             log.warning("hf engine: batched decoding failed (%s); running %d requests one by one", exc, len(rest))
@@ -423,9 +421,10 @@ class HFEngine:
 
     @torch.inference_mode()
     def _stream(self, requests: list[GenerateRequest], queue: deque[tuple[int, list[int]]],
-                live: list[tuple[int, _Row]], pre: _PrefixKV | None, cut: int, width: int,
-                out: list[GenerateResult | Failure | None]) -> None:
+                pre: _PrefixKV | None, cut: int, width: int, out: list[GenerateResult | Failure | None]) -> None:
+        """The continuous-batching loop of `_generate_stream`: results go into `out` by request index."""
         dev = self.device
+        live: list[tuple[int, _Row]] = []  # (request index, row), in cache row order
 
         def admit() -> tuple[int, _Row] | None:
             """The next queued request, prefilled; None when the queue is empty. Requests that finish

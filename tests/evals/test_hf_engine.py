@@ -176,6 +176,13 @@ def test_continuous_batching_refills_rows_and_equals_one_request_at_a_time(kv) -
             assert res.text == _reference_greedy(narrow, req.prompt, req.max_tokens)[1]
 
 
+def test_sampled_draws_survive_refills_and_other_batch_mates() -> None:
+    reqs = [GenerateRequest(prompt=r.prompt, max_tokens=r.max_tokens, temperature=1.0, seed=10 + i)
+            for i, r in enumerate(_varied_requests())]
+    narrow, single = tiny_engine({"batch_size": 2}), tiny_engine({"batch_size": 1})
+    assert narrow.generate(reqs) == [single.generate([r])[0] for r in reqs]
+
+
 def test_rows_longer_than_the_batch_pad_it_and_errors_fall_back_to_one_by_one(monkeypatch) -> None:
     engine = tiny_engine({"batch_size": 2})
     reqs = _varied_requests()

@@ -9,7 +9,7 @@ from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig, Llam
 from quant.errors import QuantError
 from quant.faults import FAULT_PRESETS, fault_spec
 from quant.formats import get_format
-from quant.kv_cache import make_cache
+from quant.kv_cache import QuantizedKVCache, make_cache
 from quant.kv_spec import KVQuantSpec, kv_spec_from_dict
 
 torch.set_num_threads(1)
@@ -547,3 +547,43 @@ def test_row_operations_refuse_sliding_window_layers(gemma):
         cache.pad_left(2)
     with pytest.raises(QuantError, match="sliding-window"):
         type(cache).stack([cache, cache])
+
+
+@pytest.mark.parametrize("spec", [
+    {"format": "nvfp4"},
+    {"format": "nvfp4", "recent_window": 4, "recent_format": "fp8_e4m3"},
+    {"format": "nvfp4", "recent_window": 5, "recent_format": "fp8_e4m3", "scales": "constant", "constant_scale": 0.5},
+], ids=["no-window", "window-dynamic", "window-constant"])
+def test_joint_k_v_path_stores_exactly_what_separate_calls_store(llama, spec, monkeypatch):
+    from quant.kv_cache import QuantizedKVLayer
+
+    ids, mask = _ids(length=9)
+
+    def run() -> tuple[list[torch.Tensor], QuantizedKVCache]:
+        cache = make_cache(llama.config, kv_spec_from_dict(spec))
+        cache.set_padding_mask(mask)
+        logits = []
+        step_mask = mask
+        with torch.inference_mode():
+            out = llama(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits[:, -1:]
+            for _ in range(8):  # through the window: tokens leave it at every step
+                logits.append(out[:, -1])
+                step_mask = torch.cat([step_mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+                out = llama(input_ids=out.argmax(-1), attention_mask=step_mask, cache=cache, use_cache=True).logits
+        return logits, cache
+
+    joint_logits, joint = run()
+    assert joint.layers[0]._joint
+    with monkeypatch.context() as m:
+        m.setattr(QuantizedKVLayer, "_joint", property(lambda self: False))
+        separate_logits, separate = run()
+    for a, b in zip(joint_logits, separate_logits, strict=True):
+        assert torch.equal(a, b)
+    for lj, ls in zip(joint.layers, separate.layers, strict=True):
+        for sj, ss in ((lj.k, ls.k), (lj.v, ls.v)):
+            assert torch.equal(sj.view(), ss.view())
+            for qj, qs in zip(sj.stored(), ss.stored(), strict=True):
+                assert (qj is None) == (qs is None)
+                if qj is not None:
+                    assert qj.data.keys() == qs.data.keys()
+                    assert all(torch.equal(qj.data[key], qs.data[key]) for key in qj.data)
