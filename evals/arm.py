@@ -226,12 +226,13 @@ def run_arm(config: ArmConfig, tasks: Sequence[TaskSpec | Task], out_dir: Path, 
     model = resolve_model(config.model)
     arm_dir = Path(out_dir) / "records" / config.name
     manifest = check_arm_folder(arm_dir, arm_manifest(config, model, built))
-    arm_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(arm_dir / ARM_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    # built before anything is written: engine arguments it refuses leave no folder behind that
+    # would make the corrected command look like "another configuration"
     engine = build_engine(config.engine, model, config.engine_args)
     # What the engine says of itself (not part of the fingerprint): the report warns when it is not
     # bit-reproducible, since then a rerun of the same arm may itself flip answers.
     manifest = {**manifest, "engine_info": {"name": engine.info.name, "deterministic": engine.info.deterministic}}
+    arm_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(arm_dir / ARM_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     summaries: list[RunSummary] = []
     try:

@@ -72,3 +72,4 @@ def test_eval_bad_input_is_one_line(tiny_folder: Path, tmp_path: Path, capsys: p
     rc, _, err = run_cli(args, capsys)
     assert rc == 2, err
     assert err.startswith("error: ") and err.count("\n") == 1
+    assert not (tmp_path / "r" / "records" / "b").exists()  # the corrected command is not refused later
