@@ -2,8 +2,9 @@
 
 One run times, on the same [tokens, kv_heads, head_dim] bf16 tensor (default 8192 x 8 x 128):
 - `copy`: x.to(float32), the memory floor (one read of bf16, one write of fp32);
-- every registered format: dequantize(quantize(x, d)) with a static per-tensor decode scale d, as the
-  KV cache calls it, and NVFP4's torch.compile'd path (`get_format("nvfp4", fused=True)`);
+- every registered format: dequantize(quantize(x, d)) with a static per-tensor decode scale d (eager),
+  NVFP4's torch.compile'd path (`get_format("nvfp4", fused=True)`), and the KV cache's write path on
+  CPU, `quantize_dequantize` (bytes and values from one compiled loop, `nvfp4_fused.roundtrip`);
 - the NVFP4 CPU references: compressed-tensors (qparams + quantize + dequantize) and torchao
   (NVFP4Tensor.to_nvfp4 + dequantize), when installed.
 It prints the best-of-N wall and CPU time per call (candidates interleaved round by round) and their
@@ -18,9 +19,10 @@ from collections.abc import Callable
 
 import torch
 
-from quant.formats import FORMAT_NAMES, get_format
+from quant.formats import FORMAT_NAMES, get_format, quantize_dequantize
 
 COPY = "copy bf16->fp32 (floor)"
+ROUND_TRIP = "nvfp4 KV round trip"
 
 
 def time_round_robin(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, tuple[float, float]]:
@@ -110,6 +112,11 @@ def main() -> None:
         fused.dequantize(fused.quantize(x, d_fused))  # compiles (or loads inductor's disk cache)
         print(f"nvfp4 fused: first call (compile) {time.perf_counter() - start:.1f} s")
         fns["nvfp4 fused"] = lambda: fused.dequantize(fused.quantize(x, d_fused))
+        plain = get_format("nvfp4")
+        start = time.perf_counter()
+        quantize_dequantize(plain, x, d_fused, torch.float32)
+        print(f"nvfp4 KV round trip: first call (compile) {time.perf_counter() - start:.1f} s")
+        fns[ROUND_TRIP] = lambda: quantize_dequantize(plain, x, d_fused, torch.float32)
     refs = {"compressed-tensors nvfp4": compressed_tensors_nvfp4(x), "torchao nvfp4": torchao_nvfp4(x)}
     for label, fn in refs.items():
         if fn is None:
@@ -122,7 +129,10 @@ def main() -> None:
     print(f"{'what':28s} {'wall ms':>9s} {'x copy':>8s} {'cpu ms':>9s} {'x copy':>8s}")
     for label, (wall, cpu) in times.items():
         print(f"{label:28s} {wall * 1e3:9.1f} {wall / copy_wall:8.2f} {cpu * 1e3:9.1f} {cpu / copy_cpu:8.2f}")
-    for name in ("nvfp4", "nvfp4 fused", "nvfp4_4over6"):
+    if ROUND_TRIP in times and "nvfp4" in times:
+        print(f"{ROUND_TRIP} is {times['nvfp4'][0] / times[ROUND_TRIP][0]:.2f}x faster than eager nvfp4 "
+              f"quantize + dequantize (cpu time: {times['nvfp4'][1] / times[ROUND_TRIP][1]:.2f}x)")
+    for name in ("nvfp4", "nvfp4 fused", ROUND_TRIP, "nvfp4_4over6"):
         for ref in refs:
             if name in times and ref in times:
                 print(

@@ -141,6 +141,20 @@ class NVFP4Format:
         t = nvfp4.NVFP4Tensor(packed=q.data["packed"], scales=q.data["scales"], global_scale=gs)
         return nvfp4_fused.dequantize(t, dtype) if self.fused else nvfp4.dequantize(t, dtype)
 
+    def quantize_dequantize(
+        self, x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+    ) -> tuple[QuantizedTensor, torch.Tensor]:
+        """`quantize(x, scale)` and `dequantize(that, dtype)`: on CPU (kernel recipe) from one compiled
+        loop (`nvfp4_fused.roundtrip`, same bytes and values), else the two eager calls."""
+        if not self.four_over_six and nvfp4_fused.roundtrip_enabled(x):
+            d = _decode_scale(x, scale, self)
+            both = nvfp4_fused.roundtrip(x, d, dtype)
+            if both is not None:
+                t, values = both
+                return QuantizedTensor(self.name, tuple(x.shape), {"packed": t.packed, "scales": t.scales}, d), values
+        q = self.quantize(x, scale)
+        return q, self.dequantize(q, dtype)
+
     def decode_scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
         """d = amax / 2688 (448 * 6), clamped to [2**-64, 2**114]; 1.0 where amax == 0."""
         amax = amax.to(torch.float32)
@@ -234,6 +248,18 @@ FORMATS: dict[str, KVFormat] = {
 }
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 FUSED_NVFP4 = NVFP4Format(fused=True)
+
+
+def quantize_dequantize(
+    fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+) -> tuple[QuantizedTensor, torch.Tensor]:
+    """(fmt.quantize(x, scale), its values in `dtype`): what a KV-cache write stores and what attention
+    reads. Formats with a faster joint path (NVFP4 on CPU) use it; the result is the same."""
+    joint = getattr(fmt, "quantize_dequantize", None)
+    if joint is not None:
+        return joint(x, scale, dtype)
+    q = fmt.quantize(x, scale)
+    return q, fmt.dequantize(q, dtype)
 
 
 def get_format(name: str, *, fused: bool = False) -> KVFormat:

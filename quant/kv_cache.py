@@ -33,7 +33,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from quant.errors import QuantError
-from quant.formats import KVFormat, QuantizedTensor, get_format
+from quant.formats import KVFormat, QuantizedTensor, get_format, quantize_dequantize
 from quant.kv_buffer import BatchOpsMixin, KVBuffer
 from quant.kv_spec import CORRUPTIBLE_FORMATS, KVQuantSpec, ScaleLayout
 from quant.scales import KVScales
@@ -249,7 +249,16 @@ class _Stream:
         out = torch.where(hit.unsqueeze(-1).to(raw.device), noise.to(raw.device), blocks).reshape(raw.shape)
         return replace(q, data={**q.data, key: out.view(codes.dtype)})
 
+    def _plain_readback(self) -> bool:
+        """Stored bytes are read back as written (no fault hook), so quantize and dequantize may run
+        as one call."""
+        return self.plan.corrupt_fraction == 0 and self.plan.scale_layout == "linear"
+
     def _append_main(self, x: torch.Tensor, from_recent: bool = False) -> None:
+        if self._plain_readback():
+            q, new = quantize_dequantize(self.plan.fmt, x, self.scale, self.dtype)  # type: ignore[arg-type]
+            self.add_main_chunk(q, new, from_recent=from_recent)
+            return
         q = self.plan.fmt.quantize(x, self.scale)
         if self.plan.corrupt_fraction > 0:
             q = self._corrupt(q)
@@ -272,9 +281,13 @@ class _Stream:
     def _append_recent(self, x: torch.Tensor) -> None:
         fmt = self.plan.recent_fmt
         assert fmt is not None
-        q = fmt.quantize(x, self.recent_scale)
+        if self._plain_readback():
+            q, new = quantize_dequantize(fmt, x, self.recent_scale, self.dtype)  # type: ignore[arg-type]
+        else:
+            q = fmt.quantize(x, self.recent_scale)
+            new = self._dequantize(fmt, q, self.dtype)  # type: ignore[arg-type]
         self.recent = q if self.recent is None else _cat([self.recent, q])
-        self.shadow.append(self._dequantize(fmt, q, self.dtype))  # type: ignore[arg-type]
+        self.shadow.append(new)
 
     def append(self, x: torch.Tensor) -> None:
         """Store new tokens x [B, H, n, D]; tokens pushed out of the recent window move to the main format."""
@@ -513,8 +526,7 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
     ) -> tuple[list[QuantizedTensor], torch.Tensor]:
         """Quantize K and V stacked [2, B, H, n, D] with their own decode scales: the two streams'
         QuantizedTensors (the same bytes as two calls) and the dequantized pair in model dtype."""
-        q = fmt.quantize(pair, self._pair_scale(which))
-        new = fmt.dequantize(q, self.k.dtype)  # type: ignore[arg-type]
+        q, new = quantize_dequantize(fmt, pair, self._pair_scale(which), self.k.dtype)  # type: ignore[arg-type]
         parts = [
             QuantizedTensor(q.format, tuple(pair.shape[1:]), {key: t[i] for key, t in q.data.items()},
                             getattr(stream, which))

@@ -6,18 +6,30 @@ the oracle vectors and random tensors). Constants are fp32 values: inductor's C+
 double literals, and a double product of two fp32 numbers rounded to fp32 is the fp32 product only
 when the literal is itself an fp32 value. The first call per dtype compiles (tens of seconds on a
 small CPU; cached on disk by inductor), so this path is opt-in: `get_format(name, fused=True)`.
+
+`roundtrip` is the one the emulated KV cache uses on CPU: the stored bytes and the dequantized values of
+x from one compiled loop (codes never read back), 4-7x faster than eager `quantize` + `dequantize` on
+KV-cache writes (`benchmarks/quant_speed.py`). `roundtrip_enabled` decides whether it runs: CPU tensors
+only, unless `QA_NVFP4_FUSED=0`; a compile or runtime failure logs one warning and turns it off for the
+process, and callers then take the eager path.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+import os
 from collections.abc import Callable
 
 import torch
 
 from quant import nvfp4
 from quant.errors import QuantError
-from quant.minifloat import F8_E4M3_MAX
+from quant.minifloat import F8_E4M3_MAX, pack_nibbles
+
+log = logging.getLogger(__name__)
+FUSED_ENV = "QA_NVFP4_FUSED"  # "0" turns the compiled KV-cache round trip off
+_roundtrip_failed: list[str] = []  # the first failure's message, once one happened
 
 INV_6_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fl32(1/6), as the kernel's 1.0f / 6.0f
 # E2M1 decision points (ties to even): above a "strict" point rounds up, at it stays down
@@ -25,16 +37,20 @@ _STRICT = (0.25, 1.25, 2.5, 5.0)  # ties go to the lower (even) code
 _INCLUSIVE = (0.75, 1.75, 3.5)  # ties go to the upper (even) code
 
 
-def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes (int32) of float32 y: count the decision points passed, sign bit from y < 0."""
-    a = y.abs()
+def _e2m1_magnitude(a: torch.Tensor) -> torch.Tensor:
+    """E2M1 magnitude codes (int32, 0..7) of |y| = a: the number of decision points passed."""
     # int32 accumulation vectorizes in inductor's C++ (uint8 mask arithmetic does not)
     mag = (a > _STRICT[0]).to(torch.int32)
     for t in _STRICT[1:]:
         mag = mag + (a > t).to(torch.int32)
     for t in _INCLUSIVE:
         mag = mag + (a >= t).to(torch.int32)
-    return mag + (y < 0).to(torch.int32) * 8
+    return mag
+
+
+def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (int32) of float32 y: count the decision points passed, sign bit from y < 0."""
+    return _e2m1_magnitude(y.abs()) + (y < 0).to(torch.int32) * 8
 
 
 def _quantize_impl(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -51,6 +67,30 @@ def _quantize_impl(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, tor
     low, high = _e2m1_codes(pairs[..., 0] * out), _e2m1_codes(pairs[..., 1] * out)  # [R, K/16, 8]
     packed = (low + high * 16).to(torch.uint8).reshape(rows, -1)  # [R, K/2]
     return packed, s.view(torch.uint8), torch.isfinite(amax).all()
+
+
+def _roundtrip_impl(
+    x: torch.Tensor, gs: torch.Tensor, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [R, K] float, gs float32 [R, 1] -> codes uint8 [R, K], scale bytes [R, K/16], dequantized
+    values [R, K] in out_dtype ((code * s) * (1/gs) in fp32, then cast), all-finite flag."""
+    rows = x.shape[0]
+    blocks = x.reshape(rows, -1, nvfp4.BLOCK_SIZE).to(torch.float32)  # [R, K/16, 16]
+    amax = blocks.abs().amax(dim=-1)  # [R, K/16]
+    s = (gs * (amax * INV_6_F32)).clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn)
+    s32 = s.to(torch.float32)
+    inv_gs = 1.0 / gs  # [R, 1]
+    out = torch.where(s32 != 0, 1.0 / (s32 * inv_gs), 0.0).unsqueeze(-1)  # [R, K/16, 1]
+    y = blocks * out
+    mag = _e2m1_magnitude(y.abs())
+    negative = y < 0
+    codes = (mag + negative.to(torch.int32) * 8).to(torch.uint8).reshape(rows, -1)
+    # E2M1 magnitude of code m, as in _dequantize_impl; code 8 (a negative that rounds to 0) is -0.0
+    m = mag.to(torch.float32)
+    value = torch.where(m < 4, m * 0.5, torch.where(m < 6, m - 2.0, m * 2.0 - 8.0))
+    value = torch.where(negative, -value, value)
+    values = ((value * s32.unsqueeze(-1)) * inv_gs.unsqueeze(-1)).reshape(rows, -1).to(out_dtype)
+    return codes, s.view(torch.uint8), values, torch.isfinite(amax).all()
 
 
 def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
@@ -74,7 +114,10 @@ def _compiled(fn: Callable[..., object]) -> Callable[..., object]:
 
 
 def _dynamic_rows(t: torch.Tensor) -> torch.Tensor:
-    torch._dynamo.maybe_mark_dynamic(t, 0)  # a hint: 0/1-row calls may still specialize
+    # detach: a reshaped view would make dynamo guard on the sizes of its base tensor (one recompile
+    # per new base shape); the row count is a hint, so 0/1-row calls may still specialize
+    t = t.detach()
+    torch._dynamo.maybe_mark_dynamic(t, 0)
     return t
 
 
@@ -110,3 +153,41 @@ def dequantize(q: nvfp4.NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torc
     scales = _dynamic_rows(q.scales.reshape(-1, half // 8))  # [R, K/16]
     values = _compiled(_dequantize_impl)(packed, scales, _dynamic_rows(gs))
     return values.reshape(*lead, half * 2).to(dtype)
+
+
+def roundtrip_enabled(x: torch.Tensor) -> bool:
+    """Whether `roundtrip` runs for x: a CPU tensor with at least 2 rows of K, the compiled path not
+    switched off with QA_NVFP4_FUSED=0 and not failed earlier in this process."""
+    return (
+        x.device.type == "cpu"
+        and x.dim() > 0
+        and x.numel() >= 2 * x.shape[-1]
+        and os.environ.get(FUSED_ENV, "1") != "0"
+        and not _roundtrip_failed
+    )
+
+
+def roundtrip(
+    x: torch.Tensor, decode_scale: torch.Tensor | float, dtype: torch.dtype | None = None
+) -> tuple[nvfp4.NVFP4Tensor, torch.Tensor] | None:
+    """`nvfp4.quantize(x, decode_scale=d)` and `nvfp4.dequantize(that, dtype)` from one compiled loop:
+    the same bytes and the same values. `dtype` defaults to x's. None when the compiled path failed
+    (logged once; the caller quantizes eagerly). QuantError on NaN/Inf input or a bad scale."""
+    nvfp4.check_input(x)
+    gs = nvfp4.global_scale_from_decode_scale(decode_scale).to(x.device)
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    try:
+        codes, scales, values, finite = _compiled(_roundtrip_impl)(
+            _dynamic_rows(x.reshape(-1, k)), _dynamic_rows(_rows_gs(gs, lead, x.device)), dtype or x.dtype
+        )
+    except Exception as exc:  # noqa: BLE001 - any compiler or runtime failure: fall back to eager
+        _roundtrip_failed.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        log.warning("compiled NVFP4 KV path unavailable (%s); quantizing eagerly", _roundtrip_failed[0])
+        return None
+    if not bool(finite):
+        raise QuantError(nvfp4.NON_FINITE_MESSAGE)
+    t = nvfp4.NVFP4Tensor(
+        packed=pack_nibbles(codes.reshape(*lead, k)), scales=scales.reshape(*lead, k // nvfp4.BLOCK_SIZE),
+        global_scale=gs,
+    )
+    return t, values.reshape(x.shape)

@@ -67,6 +67,23 @@ def _captured_kv(model, ids: torch.Tensor) -> DynamicCache:
     return cache
 
 
+def _prefill_and_decode(model, spec: dict, steps: int) -> tuple[list[torch.Tensor], QuantizedKVCache]:
+    """Greedy decoding of the padded `_ids(length=9)` batch through a fresh cache made from `spec`:
+    the last-position logits of the prefill and of each decode step but the last, and the cache."""
+    ids, mask = _ids(length=9)
+    cache = make_cache(model.config, kv_spec_from_dict(spec))
+    cache.set_padding_mask(mask)
+    logits = []
+    step_mask = mask
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits[:, -1:]
+        for _ in range(steps):
+            logits.append(out[:, -1])
+            step_mask = torch.cat([step_mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
+            out = model(input_ids=out.argmax(-1), attention_mask=step_mask, cache=cache, use_cache=True).logits
+    return logits, cache
+
+
 # ------------------------------------------------------------------ identity and difference
 
 
@@ -557,20 +574,8 @@ def test_row_operations_refuse_sliding_window_layers(gemma):
 def test_joint_k_v_path_stores_exactly_what_separate_calls_store(llama, spec, monkeypatch):
     from quant.kv_cache import QuantizedKVLayer
 
-    ids, mask = _ids(length=9)
-
     def run() -> tuple[list[torch.Tensor], QuantizedKVCache]:
-        cache = make_cache(llama.config, kv_spec_from_dict(spec))
-        cache.set_padding_mask(mask)
-        logits = []
-        step_mask = mask
-        with torch.inference_mode():
-            out = llama(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True).logits[:, -1:]
-            for _ in range(8):  # through the window: tokens leave it at every step
-                logits.append(out[:, -1])
-                step_mask = torch.cat([step_mask, torch.ones(2, 1, dtype=torch.long)], dim=1)
-                out = llama(input_ids=out.argmax(-1), attention_mask=step_mask, cache=cache, use_cache=True).logits
-        return logits, cache
+        return _prefill_and_decode(llama, spec, steps=8)  # through the window: tokens leave it at every step
 
     joint_logits, joint = run()
     assert joint.layers[0]._joint
@@ -587,3 +592,40 @@ def test_joint_k_v_path_stores_exactly_what_separate_calls_store(llama, spec, mo
                 if qj is not None:
                     assert qj.data.keys() == qs.data.keys()
                     assert all(torch.equal(qj.data[key], qs.data[key]) for key in qj.data)
+
+
+@pytest.mark.parametrize("spec", [
+    {"format": "nvfp4"},
+    {"format": "nvfp4", "recent_window": 4, "recent_format": "fp8_e4m3"},
+    {"format": "nvfp4", "scales": "constant", "constant_scale": 0.01, "recent_window": 3, "recent_format": "nvfp4"},
+], ids=["no-window", "window-dynamic", "window-nvfp4-recent"])
+def test_compiled_round_trip_stores_exactly_what_eager_calls_store(llama, spec, monkeypatch):
+    from quant import nvfp4_fused
+
+    calls = []
+    real = nvfp4_fused.roundtrip
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(nvfp4_fused, "roundtrip", counted)
+
+    def run() -> tuple[list[torch.Tensor], QuantizedKVCache]:
+        return _prefill_and_decode(llama, spec, steps=6)
+
+    fused_logits, fused = run()
+    assert calls, "the compiled round trip was not used on CPU"
+    n = len(calls)
+    monkeypatch.setenv(nvfp4_fused.FUSED_ENV, "0")
+    eager_logits, eager = run()
+    assert len(calls) == n  # switched off: eager quantize + dequantize only
+    for a, b in zip(fused_logits, eager_logits, strict=True):
+        assert torch.equal(a, b)
+    for lf, le in zip(fused.layers, eager.layers, strict=True):
+        for sf, se in ((lf.k, le.k), (lf.v, le.v)):
+            assert torch.equal(sf.view().view(torch.int32), se.view().view(torch.int32))
+            for qf, qe in zip(sf.stored(), se.stored(), strict=True):
+                assert (qf is None) == (qe is None)
+                if qf is not None:
+                    assert all(torch.equal(qf.data[key], qe.data[key]) for key in qe.data)

@@ -55,3 +55,53 @@ def test_fused_format_and_errors() -> None:
     x[1, 2, 3] = float("inf")
     with pytest.raises(QuantError, match="NaN or Inf"):
         nvfp4_fused.quantize(x)
+
+
+@pytest.mark.parametrize(("dtype", "out"), [(torch.float32, None), (torch.bfloat16, None),
+                                            (torch.float32, torch.bfloat16)])
+def test_roundtrip_matches_eager_quantize_then_dequantize(dtype: torch.dtype, out: torch.dtype | None) -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 8, 17, 64, generator=g) * torch.exp(3 * torch.randn(2, 3, 8, 17, 1, generator=g))
+    x[0, 0, 0, 0, :16] = 0.0  # all-zero block
+    x[0, 0, 0, 1, :16] = -1e-30  # underflowing block of negatives: codes 8 (-0) in the kernel recipe
+    x[1, 2, 3, 4, :8] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -5.0]) * 6 / 5.0  # ties after scaling
+    x = x.to(dtype)
+    for d in (torch.tensor(0.003), torch.rand(2, 3, 1, 1, 1, generator=g) * 0.05 + 1e-4):
+        both = nvfp4_fused.roundtrip(x, d, out)
+        assert both is not None
+        t, values = both
+        ref = nvfp4.quantize(x, decode_scale=d)
+        assert torch.equal(t.packed, ref.packed) and torch.equal(t.scales, ref.scales)
+        expect = nvfp4.dequantize(ref, out or dtype)
+        assert values.dtype == expect.dtype and values.shape == x.shape
+        bits = torch.int16 if expect.dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(values.view(bits), expect.view(bits))  # -0.0 and +0.0 kept apart
+
+
+def test_roundtrip_errors_switch_and_fallback(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    x = torch.randn(4, 32)
+    x[1, 3] = float("nan")
+    with pytest.raises(QuantError, match="NaN or Inf"):
+        nvfp4_fused.roundtrip(x, 0.01)
+    assert nvfp4_fused.roundtrip_enabled(torch.randn(4, 32))
+    assert not nvfp4_fused.roundtrip_enabled(torch.randn(1, 32))  # one row: eager (no 0/1 specialization)
+    monkeypatch.setenv(nvfp4_fused.FUSED_ENV, "0")
+    assert not nvfp4_fused.roundtrip_enabled(torch.randn(4, 32))
+    monkeypatch.delenv(nvfp4_fused.FUSED_ENV)
+
+    def broken(fn):
+        def call(*args, **kwargs):
+            raise RuntimeError("no C++ compiler\nsecond line")
+        return call
+
+    monkeypatch.setattr(nvfp4_fused, "_compiled", broken)
+    monkeypatch.setattr(nvfp4_fused, "_roundtrip_failed", [])
+    fmt = get_format("nvfp4")
+    y = torch.randn(3, 4, 64)
+    with caplog.at_level("WARNING"):
+        q, values = fmt.quantize_dequantize(y, torch.tensor(0.002), torch.float32)
+    assert "(RuntimeError: no C++ compiler); quantizing eagerly" in caplog.text
+    assert "second line" not in caplog.text
+    assert not nvfp4_fused.roundtrip_enabled(y)  # off for the rest of the process
+    ref = fmt.quantize(y, torch.tensor(0.002))
+    assert torch.equal(q.data["packed"], ref.data["packed"]) and torch.equal(values, fmt.dequantize(ref))
