@@ -14,7 +14,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -131,7 +131,7 @@ class RecordWriter:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._done: set[tuple[str, int]] = {r.key for r in read_records(path, repair=True)}
-        self._fh = open(path, "a", encoding="utf-8")
+        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open until close() / __exit__
 
     @property
     def done(self) -> frozenset[tuple[str, int]]:
@@ -151,7 +151,7 @@ class RecordWriter:
     def close(self) -> None:
         self._fh.close()
 
-    def __enter__(self) -> RecordWriter:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

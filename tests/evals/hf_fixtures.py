@@ -47,11 +47,13 @@ def tiny_model(vocab_size: int, seed: int = 0):  # -> LlamaForCausalLM
 
 
 def tiny_engine(args: Mapping[str, Any] | None = None):  # -> HFEngine
-    """An HFEngine around the tiny model (no files)."""
-    from evals.engines.hf import HFEngine, parse_args
+    """An HFEngine around the tiny model (no files), with the emulated KV cache when args has `kv`."""
+    from evals.engines.hf import HFEngine, _kv_spec, parse_args
 
     tok = tiny_tokenizer()
-    return HFEngine(tiny_model(len(tok)), tok, parse_args(args or {}), "tiny-llama")
+    parsed = parse_args(args or {})
+    spec, scales = _kv_spec(parsed.kv, parsed.scales)
+    return HFEngine(tiny_model(len(tok)), tok, parsed, "tiny-llama", kv_spec=spec, scales=scales)
 
 
 def save_tiny(folder: Path) -> Path:

@@ -167,6 +167,7 @@ def test_continuous_batching_refills_rows_and_equals_one_request_at_a_time(kv) -
     narrow = tiny_engine({"batch_size": 2, **args})  # 7 requests through 2 rows: 5 refills
     single = tiny_engine({"batch_size": 1, **args})
     assert narrow._rows_ok
+    assert type(narrow.new_cache()).__name__ == ("PlainKVCache" if kv is None else "QuantizedKVCache")
     reqs = _varied_requests()
     batched = narrow.generate(reqs)
     for req, res in zip(reqs, batched, strict=True):
@@ -407,3 +408,47 @@ def test_output_layer_on_read_rows_only_equals_full_logits(engine: HFEngine) -> 
         assert isinstance(x, TokenLogprobs) and isinstance(y, TokenLogprobs)
         assert x.topk_ids == y.topk_ids
         assert x.target_logprobs == pytest.approx(y.target_logprobs, abs=1e-5)
+
+
+# ------------------------------------------------------------------------------------ draft tokens
+
+
+def _repetitive_requests() -> list[GenerateRequest]:
+    """Prompts that repeat themselves (drafts are found), greedy and sampled, with stop strings and
+    budgets that end sequences in the middle of a step's accepted drafts."""
+    texts = [" ".join([PROMPTS[i % 3]] * (2 + i % 3)) for i in range(8)]
+    return [GenerateRequest(prompt=t, max_tokens=6 + 7 * (i % 3), until=("dog",) if i % 4 == 1 else (),
+                            temperature=1.0 if i % 4 == 3 else 0.0, seed=i) for i, t in enumerate(texts)]
+
+
+def test_draft_tokens_give_exactly_the_one_token_per_step_results(monkeypatch) -> None:
+    reqs = _repetitive_requests()
+    plain = tiny_engine({"batch_size": 3, "draft_tokens": 0})
+    spec = tiny_engine({"batch_size": 3})  # draft_tokens defaults to 4
+    assert spec._drafts_ok and not plain._drafts_ok
+    emitted: list[int] = []
+    real = HFEngine._speculative_step
+
+    def counting(self, requests, live, drafts, cache, mask, out):
+        before = [len(row.tokens) for _, row in live]
+        result = real(self, requests, live, drafts, cache, mask, out)
+        emitted.extend(len(row.tokens) - b for (_, row), b in zip(live, before, strict=True))
+        return result
+
+    monkeypatch.setattr(HFEngine, "_speculative_step", counting)
+    got = spec.generate(reqs)
+    assert emitted and max(emitted) > 1  # steps that kept confirmed drafts happened
+    assert got == plain.generate(reqs)
+    assert got == [tiny_engine({"batch_size": 1, "draft_tokens": 0}).generate([r])[0] for r in reqs]
+    for req, res in zip(reqs, got, strict=True):
+        if req.temperature == 0 and not req.until:
+            assert res.text == _reference_greedy(spec, req.prompt, req.max_tokens)[1]
+
+
+@pytest.mark.parametrize(("kv", "drafts"), [({"format": "nvfp4"}, True),
+                                            ({"format": "nvfp4", "recent_window": 4}, False)])
+def test_draft_tokens_with_the_quantized_cache(kv, drafts) -> None:
+    reqs = [r for r in _repetitive_requests() if r.temperature == 0]
+    spec = tiny_engine({"batch_size": 3, "kv": kv})
+    assert spec._drafts_ok is drafts  # a recent window would hold the masked-out positions too
+    assert spec.generate(reqs) == tiny_engine({"batch_size": 3, "kv": kv, "draft_tokens": 0}).generate(reqs)
