@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from quant import fp8, intq, mxfp4, nvfp4, nvfp4_fused
+from quant import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused
 from quant.errors import QuantError
 from quant.fp8 import FP8Kind
 from quant.intq import IntBits
@@ -146,7 +146,7 @@ class NVFP4Format:
     ) -> tuple[QuantizedTensor, torch.Tensor]:
         """`quantize(x, scale)` and `dequantize(that, dtype)`: on CPU (kernel recipe) from one compiled
         loop (`nvfp4_fused.roundtrip`, same bytes and values), else the two eager calls."""
-        if not self.four_over_six and nvfp4_fused.roundtrip_enabled(x):
+        if not self.four_over_six and compiled.enabled(x):
             d = _decode_scale(x, scale, self)
             both = nvfp4_fused.roundtrip(x, d, dtype)
             if both is not None:
@@ -198,6 +198,19 @@ class FP8Format:
         """FP8 of x / d; dynamic d = amax / fp8_max."""
         d = _decode_scale(x, scale, self)
         return QuantizedTensor(self.name, tuple(x.shape), {"values": fp8.quantize(x, d, self.kind)}, d)
+
+    def quantize_dequantize(
+        self, x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+    ) -> tuple[QuantizedTensor, torch.Tensor]:
+        """`quantize(x, scale)` and `dequantize(that, dtype)`: on CPU from one compiled loop
+        (`fp8_fused.roundtrip`, same bytes and values), else the two eager calls."""
+        if compiled.enabled(x):
+            d = _decode_scale(x, scale, self)
+            both = fp8_fused.roundtrip(x, d, self.kind, dtype)
+            if both is not None:
+                return QuantizedTensor(self.name, tuple(x.shape), {"values": both[0]}, d), both[1]
+        q = self.quantize(x, scale)
+        return q, self.dequantize(q, dtype)
 
     def dequantize(self, q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """float(q) * d."""

@@ -9,27 +9,18 @@ small CPU; cached on disk by inductor), so this path is opt-in: `get_format(name
 
 `roundtrip` is the one the emulated KV cache uses on CPU: the stored bytes and the dequantized values of
 x from one compiled loop (codes never read back), 4-7x faster than eager `quantize` + `dequantize` on
-KV-cache writes (`benchmarks/quant_speed.py`). `roundtrip_enabled` decides whether it runs: CPU tensors
-only, unless `QA_NVFP4_FUSED=0`; a compile or runtime failure logs one warning and turns it off for the
-process, and callers then take the eager path.
+KV-cache writes (`benchmarks/quant_speed.py`). `quant.compiled.enabled` decides whether it runs (CPU
+tensors, unless `QA_KV_COMPILED=0`); after a compile or runtime failure it returns None and callers
+take the eager path.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
-from collections.abc import Callable
-
 import torch
 
-from quant import nvfp4
+from quant import compiled, nvfp4
 from quant.errors import QuantError
 from quant.minifloat import F8_E4M3_MAX, pack_nibbles
-
-log = logging.getLogger(__name__)
-FUSED_ENV = "QA_NVFP4_FUSED"  # "0" turns the compiled KV-cache round trip off
-_roundtrip_failed: list[str] = []  # the first failure's message, once one happened
 
 INV_6_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fl32(1/6), as the kernel's 1.0f / 6.0f
 # E2M1 decision points (ties to even): above a "strict" point rounds up, at it stays down
@@ -107,23 +98,8 @@ def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, gs: torch.Tenso
     return ((value * s) * (1.0 / gs).unsqueeze(-1)).reshape(packed.shape[0], -1)
 
 
-@functools.cache
-def _compiled(fn: Callable[..., object]) -> Callable[..., object]:
-    # rows are marked dynamic by the callers; K stays static so inductor emits plain vector loops
-    return torch.compile(fn, fullgraph=True)
-
-
-def _dynamic_rows(t: torch.Tensor) -> torch.Tensor:
-    # detach: a reshaped view would make dynamo guard on the sizes of its base tensor (one recompile
-    # per new base shape); the row count is a hint, so 0/1-row calls may still specialize
-    t = t.detach()
-    torch._dynamo.maybe_mark_dynamic(t, 0)
-    return t
-
-
-def _rows_gs(gs: torch.Tensor, lead: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """gs (shape () or broadcastable to [..., 1]) expanded to one value per row: float32 [R, 1]."""
-    return gs.to(device=device, dtype=torch.float32).expand(*lead, 1).reshape(-1, 1).contiguous()
+_dynamic_rows = compiled.rows
+_rows_gs = compiled.per_row
 
 
 def quantize(
@@ -137,7 +113,7 @@ def quantize(
     gs = nvfp4.resolve_global_scale(x, decode_scale, global_scale)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     x2d = _dynamic_rows(x.reshape(-1, k))  # [R, K]
-    packed, scales, finite = _compiled(_quantize_impl)(x2d, _dynamic_rows(_rows_gs(gs, lead, x.device)))
+    packed, scales, finite = compiled.compiled(_quantize_impl)(x2d, _dynamic_rows(_rows_gs(gs, lead, x.device)))
     if not bool(finite):
         raise QuantError(nvfp4.NON_FINITE_MESSAGE)
     return nvfp4.NVFP4Tensor(
@@ -151,20 +127,8 @@ def dequantize(q: nvfp4.NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torc
     gs = _rows_gs(q.global_scale, lead, q.packed.device)
     packed = _dynamic_rows(q.packed.reshape(-1, half))  # [R, K/2]
     scales = _dynamic_rows(q.scales.reshape(-1, half // 8))  # [R, K/16]
-    values = _compiled(_dequantize_impl)(packed, scales, _dynamic_rows(gs))
+    values = compiled.compiled(_dequantize_impl)(packed, scales, _dynamic_rows(gs))
     return values.reshape(*lead, half * 2).to(dtype)
-
-
-def roundtrip_enabled(x: torch.Tensor) -> bool:
-    """Whether `roundtrip` runs for x: a CPU tensor with at least 2 rows of K, the compiled path not
-    switched off with QA_NVFP4_FUSED=0 and not failed earlier in this process."""
-    return (
-        x.device.type == "cpu"
-        and x.dim() > 0
-        and x.numel() >= 2 * x.shape[-1]
-        and os.environ.get(FUSED_ENV, "1") != "0"
-        and not _roundtrip_failed
-    )
 
 
 def roundtrip(
@@ -176,14 +140,11 @@ def roundtrip(
     nvfp4.check_input(x)
     gs = nvfp4.global_scale_from_decode_scale(decode_scale).to(x.device)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
-    try:
-        codes, scales, values, finite = _compiled(_roundtrip_impl)(
-            _dynamic_rows(x.reshape(-1, k)), _dynamic_rows(_rows_gs(gs, lead, x.device)), dtype or x.dtype
-        )
-    except Exception as exc:  # noqa: BLE001 - any compiler or runtime failure: fall back to eager
-        _roundtrip_failed.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
-        log.warning("compiled NVFP4 KV path unavailable (%s); quantizing eagerly", _roundtrip_failed[0])
+    out = compiled.call(_roundtrip_impl, "NVFP4", _dynamic_rows(x.reshape(-1, k)),
+                        _dynamic_rows(_rows_gs(gs, lead, x.device)), dtype or x.dtype)
+    if out is None:
         return None
+    codes, scales, values, finite = out
     if not bool(finite):
         raise QuantError(nvfp4.NON_FINITE_MESSAGE)
     t = nvfp4.NVFP4Tensor(

@@ -600,7 +600,7 @@ def test_joint_k_v_path_stores_exactly_what_separate_calls_store(llama, spec, mo
     {"format": "nvfp4", "scales": "constant", "constant_scale": 0.01, "recent_window": 3, "recent_format": "nvfp4"},
 ], ids=["no-window", "window-dynamic", "window-nvfp4-recent"])
 def test_compiled_round_trip_stores_exactly_what_eager_calls_store(llama, spec, monkeypatch):
-    from quant import nvfp4_fused
+    from quant import compiled, nvfp4_fused
 
     calls = []
     real = nvfp4_fused.roundtrip
@@ -617,7 +617,7 @@ def test_compiled_round_trip_stores_exactly_what_eager_calls_store(llama, spec, 
     fused_logits, fused = run()
     assert calls, "the compiled round trip was not used on CPU"
     n = len(calls)
-    monkeypatch.setenv(nvfp4_fused.FUSED_ENV, "0")
+    monkeypatch.setenv(compiled.ENV, "0")
     eager_logits, eager = run()
     assert len(calls) == n  # switched off: eager quantize + dequantize only
     for a, b in zip(fused_logits, eager_logits, strict=True):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from quant import nvfp4, nvfp4_fused
+from quant import compiled, nvfp4, nvfp4_fused
 from quant.errors import QuantError
 from quant.formats import get_format
 from tests.quant.test_nvfp4 import VECTORS
@@ -83,25 +83,25 @@ def test_roundtrip_errors_switch_and_fallback(monkeypatch: pytest.MonkeyPatch, c
     x[1, 3] = float("nan")
     with pytest.raises(QuantError, match="NaN or Inf"):
         nvfp4_fused.roundtrip(x, 0.01)
-    assert nvfp4_fused.roundtrip_enabled(torch.randn(4, 32))
-    assert not nvfp4_fused.roundtrip_enabled(torch.randn(1, 32))  # one row: eager (no 0/1 specialization)
-    monkeypatch.setenv(nvfp4_fused.FUSED_ENV, "0")
-    assert not nvfp4_fused.roundtrip_enabled(torch.randn(4, 32))
-    monkeypatch.delenv(nvfp4_fused.FUSED_ENV)
+    assert compiled.enabled(torch.randn(4, 32))
+    assert not compiled.enabled(torch.randn(1, 32))  # one row: eager (no 0/1 specialization)
+    monkeypatch.setenv(compiled.ENV, "0")
+    assert not compiled.enabled(torch.randn(4, 32))
+    monkeypatch.delenv(compiled.ENV)
 
     def broken(fn):
         def call(*args, **kwargs):
             raise RuntimeError("no C++ compiler\nsecond line")
         return call
 
-    monkeypatch.setattr(nvfp4_fused, "_compiled", broken)
-    monkeypatch.setattr(nvfp4_fused, "_roundtrip_failed", [])
+    monkeypatch.setattr(compiled, "compiled", broken)
+    monkeypatch.setattr(compiled, "_failed", [])
     fmt = get_format("nvfp4")
     y = torch.randn(3, 4, 64)
     with caplog.at_level("WARNING"):
         q, values = fmt.quantize_dequantize(y, torch.tensor(0.002), torch.float32)
     assert "(RuntimeError: no C++ compiler); quantizing eagerly" in caplog.text
     assert "second line" not in caplog.text
-    assert not nvfp4_fused.roundtrip_enabled(y)  # off for the rest of the process
+    assert not compiled.enabled(y)  # off for the rest of the process
     ref = fmt.quantize(y, torch.tensor(0.002))
     assert torch.equal(q.data["packed"], ref.data["packed"]) and torch.equal(values, fmt.dequantize(ref))
