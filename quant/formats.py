@@ -141,19 +141,19 @@ class NVFP4Format:
         t = nvfp4.NVFP4Tensor(packed=q.data["packed"], scales=q.data["scales"], global_scale=gs)
         return nvfp4_fused.dequantize(t, dtype) if self.fused else nvfp4.dequantize(t, dtype)
 
-    def quantize_dequantize(
+    def compiled_roundtrip(
         self, x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
-    ) -> tuple[QuantizedTensor, torch.Tensor]:
-        """`quantize(x, scale)` and `dequantize(that, dtype)`: on CPU (kernel recipe) from one compiled
-        loop (`nvfp4_fused.roundtrip`, same bytes and values), else the two eager calls."""
-        if not self.four_over_six and compiled.enabled(x):
-            d = _decode_scale(x, scale, self)
-            both = nvfp4_fused.roundtrip(x, d, dtype)
-            if both is not None:
-                t, values = both
-                return QuantizedTensor(self.name, tuple(x.shape), {"packed": t.packed, "scales": t.scales}, d), values
-        q = self.quantize(x, scale)
-        return q, self.dequantize(q, dtype)
+    ) -> tuple[QuantizedTensor, torch.Tensor] | None:
+        """`quantize(x, scale)` and its values in `dtype` from one compiled loop (kernel recipe,
+        `nvfp4_fused.roundtrip`: same bytes and values); None when that path cannot run."""
+        if self.four_over_six:
+            return None
+        d = _decode_scale(x, scale, self)
+        both = nvfp4_fused.roundtrip(x, d, dtype)
+        if both is None:
+            return None
+        t, values = both
+        return QuantizedTensor(self.name, tuple(x.shape), {"packed": t.packed, "scales": t.scales}, d), values
 
     def decode_scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
         """d = amax / 2688 (448 * 6), clamped to [2**-64, 2**114]; 1.0 where amax == 0."""
@@ -199,18 +199,14 @@ class FP8Format:
         d = _decode_scale(x, scale, self)
         return QuantizedTensor(self.name, tuple(x.shape), {"values": fp8.quantize(x, d, self.kind)}, d)
 
-    def quantize_dequantize(
+    def compiled_roundtrip(
         self, x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
-    ) -> tuple[QuantizedTensor, torch.Tensor]:
-        """`quantize(x, scale)` and `dequantize(that, dtype)`: on CPU from one compiled loop
-        (`fp8_fused.roundtrip`, same bytes and values), else the two eager calls."""
-        if compiled.enabled(x):
-            d = _decode_scale(x, scale, self)
-            both = fp8_fused.roundtrip(x, d, self.kind, dtype)
-            if both is not None:
-                return QuantizedTensor(self.name, tuple(x.shape), {"values": both[0]}, d), both[1]
-        q = self.quantize(x, scale)
-        return q, self.dequantize(q, dtype)
+    ) -> tuple[QuantizedTensor, torch.Tensor] | None:
+        """`quantize(x, scale)` and its values in `dtype` from one compiled loop (`fp8_fused.roundtrip`:
+        same bytes and values); None when that path cannot run."""
+        d = _decode_scale(x, scale, self)
+        both = fp8_fused.roundtrip(x, d, self.kind, dtype)
+        return None if both is None else (QuantizedTensor(self.name, tuple(x.shape), {"values": both[0]}, d), both[1])
 
     def dequantize(self, q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """float(q) * d."""
@@ -267,10 +263,13 @@ def quantize_dequantize(
     fmt: KVFormat, x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
 ) -> tuple[QuantizedTensor, torch.Tensor]:
     """(fmt.quantize(x, scale), its values in `dtype`): what a KV-cache write stores and what attention
-    reads. Formats with a faster joint path (NVFP4 on CPU) use it; the result is the same."""
-    joint = getattr(fmt, "quantize_dequantize", None)
-    if joint is not None:
-        return joint(x, scale, dtype)
+    reads. NVFP4 and FP8 on CPU compute both in one compiled loop (`quant.compiled`; the same result),
+    every other case makes the two eager calls."""
+    fast = getattr(fmt, "compiled_roundtrip", None)
+    if fast is not None and compiled.enabled(x):
+        both = fast(x, scale, dtype)
+        if both is not None:
+            return both
     q = fmt.quantize(x, scale)
     return q, fmt.dequantize(q, dtype)
 

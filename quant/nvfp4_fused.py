@@ -98,10 +98,6 @@ def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, gs: torch.Tenso
     return ((value * s) * (1.0 / gs).unsqueeze(-1)).reshape(packed.shape[0], -1)
 
 
-_dynamic_rows = compiled.rows
-_rows_gs = compiled.per_row
-
-
 def quantize(
     x: torch.Tensor,
     *,
@@ -112,8 +108,8 @@ def quantize(
     nvfp4.check_input(x)
     gs = nvfp4.resolve_global_scale(x, decode_scale, global_scale)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
-    x2d = _dynamic_rows(x.reshape(-1, k))  # [R, K]
-    packed, scales, finite = compiled.compiled(_quantize_impl)(x2d, _dynamic_rows(_rows_gs(gs, lead, x.device)))
+    x2d = compiled.rows(x.reshape(-1, k))  # [R, K]
+    packed, scales, finite = compiled.compiled(_quantize_impl)(x2d, compiled.rows(compiled.per_row(gs, lead, x.device)))
     if not bool(finite):
         raise QuantError(nvfp4.NON_FINITE_MESSAGE)
     return nvfp4.NVFP4Tensor(
@@ -124,10 +120,10 @@ def quantize(
 def dequantize(q: nvfp4.NVFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Fused `nvfp4.dequantize` of a kernel-recipe tensor: same float32 values, then cast to `dtype`."""
     lead, half = tuple(q.packed.shape[:-1]), q.packed.shape[-1]
-    gs = _rows_gs(q.global_scale, lead, q.packed.device)
-    packed = _dynamic_rows(q.packed.reshape(-1, half))  # [R, K/2]
-    scales = _dynamic_rows(q.scales.reshape(-1, half // 8))  # [R, K/16]
-    values = compiled.compiled(_dequantize_impl)(packed, scales, _dynamic_rows(gs))
+    gs = compiled.per_row(q.global_scale, lead, q.packed.device)
+    packed = compiled.rows(q.packed.reshape(-1, half))  # [R, K/2]
+    scales = compiled.rows(q.scales.reshape(-1, half // 8))  # [R, K/16]
+    values = compiled.compiled(_dequantize_impl)(packed, scales, compiled.rows(gs))
     return values.reshape(*lead, half * 2).to(dtype)
 
 
@@ -140,8 +136,8 @@ def roundtrip(
     nvfp4.check_input(x)
     gs = nvfp4.global_scale_from_decode_scale(decode_scale).to(x.device)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
-    out = compiled.call(_roundtrip_impl, "NVFP4", _dynamic_rows(x.reshape(-1, k)),
-                        _dynamic_rows(_rows_gs(gs, lead, x.device)), dtype or x.dtype)
+    out = compiled.call(_roundtrip_impl, "NVFP4", compiled.rows(x.reshape(-1, k)),
+                        compiled.rows(compiled.per_row(gs, lead, x.device)), dtype or x.dtype)
     if out is None:
         return None
     codes, scales, values, finite = out

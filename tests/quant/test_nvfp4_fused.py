@@ -8,7 +8,7 @@ import torch
 
 from quant import compiled, nvfp4, nvfp4_fused
 from quant.errors import QuantError
-from quant.formats import get_format
+from quant.formats import get_format, quantize_dequantize
 from tests.quant.test_nvfp4 import VECTORS
 
 
@@ -99,7 +99,7 @@ def test_roundtrip_errors_switch_and_fallback(monkeypatch: pytest.MonkeyPatch, c
     fmt = get_format("nvfp4")
     y = torch.randn(3, 4, 64)
     with caplog.at_level("WARNING"):
-        q, values = fmt.quantize_dequantize(y, torch.tensor(0.002), torch.float32)
+        q, values = quantize_dequantize(fmt, y, torch.tensor(0.002), torch.float32)
     assert "(RuntimeError: no C++ compiler); quantizing eagerly" in caplog.text
     assert "second line" not in caplog.text
     assert not compiled.enabled(y)  # off for the rest of the process
