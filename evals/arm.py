@@ -20,13 +20,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from evals.atomic import atomic_write_text
 from evals.engines import build_engine
 from evals.errors import EvalError, RecordError
 from evals.models import ResolvedModel, resolve_model
 from evals.runner import RunSummary, run_task
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
+from quant.fileio import atomic_write_text, sha256_file
 from quant.validation import first_error
 
 ARM_FILE = "arm.json"
@@ -110,7 +110,7 @@ def _file_hashes(args: Mapping[str, Any]) -> dict[str, str]:
                 if k in SCALES_KEYS and isinstance(v, str | Path) and v:
                     for p in scales_paths(Path(v)):
                         if p.is_file():
-                            found[f"{prefix}{k}:{p.name}"] = hashlib.sha256(p.read_bytes()).hexdigest()
+                            found[f"{prefix}{k}:{p.name}"] = sha256_file(p)
                 else:
                     visit(f"{prefix}{k}.", v)
 

@@ -17,9 +17,7 @@ and is offline unless HF_DATASETS_OFFLINE=0.
 from __future__ import annotations
 
 import csv
-import difflib
 import functools
-import hashlib
 import io
 import json
 import os
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from evals.errors import DataError
+from quant.fileio import sha256_file
+from quant.validation import did_you_mean
 
 Row = dict[str, Any]
 
@@ -562,9 +562,7 @@ def get_spec(name: str) -> DatasetSpec:
     try:
         return DATASETS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, DATASETS, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; known: {', '.join(DATASETS)}"
-        raise DataError(f"unknown dataset {name!r}{hint}") from None
+        raise DataError(f"unknown dataset {name!r}; {did_you_mean(name, DATASETS, listing='known')}") from None
 
 
 def resolve_data_dir(arg: str | Path | None) -> Path | None:
@@ -609,15 +607,6 @@ def data_files(names: Iterable[str]) -> list[str]:
     return sorted(
         {f for n in dataset_names(names) for part in get_spec(n).splits.values() for f in part.files}
     )
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def data_file_hashes(names: Iterable[str], data_dir: Path | None) -> dict[str, str]:

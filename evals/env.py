@@ -80,6 +80,6 @@ def collect_env(*, model_hashes: Mapping[str, str | None], data_hashes: Mapping[
 
 def write_env(path: Path, env: Mapping) -> None:
     """Write env.json atomically."""
-    from evals.atomic import atomic_write_text
+    from quant.fileio import atomic_write_text
 
     atomic_write_text(path, json.dumps(env, indent=2, sort_keys=True) + "\n")

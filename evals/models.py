@@ -8,7 +8,6 @@ and vLLM can load the same folder. Everything runs offline by default (HF_HUB_OF
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import os
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evals.errors import ModelError
+from quant.fileio import sha256_file
+from quant.validation import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,6 @@ class ResolvedModel:
 def cache_root() -> Path:
     """Folder for converted models and other derived artefacts."""
     return Path(os.environ.get("QA_CACHE_DIR", Path.home() / ".cache" / "accuracy-parity"))
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def gguf_file(name: str) -> Path:
@@ -125,7 +118,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "SOURCE_SHA256").write_text(_sha256_file(gguf) + "  " + gguf.name + "\n")
+        (tmp / "SOURCE_SHA256").write_text(sha256_file(gguf) + "  " + gguf.name + "\n")
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -137,7 +130,7 @@ def resolve_model(name: str) -> ResolvedModel:
     if name in NAMED_MODELS:
         spec = NAMED_MODELS[name]
         gguf = _gguf_path(spec, name)
-        digest = _sha256_file(gguf)
+        digest = sha256_file(gguf)
         out = cache_root() / "models" / f"{name}-{digest[:12]}"
         if not (out / "config.json").exists():
             _convert_gguf(gguf, out)
@@ -148,13 +141,10 @@ def resolve_model(name: str) -> ResolvedModel:
             raise ModelError(f"{path}: not a model folder (no config.json)")
         weights = sorted(path.glob("*.safetensors"))
         return ResolvedModel(name=name, path=path.resolve(), hub_id=None,
-                             file_hash=_sha256_file(weights[0]) if len(weights) == 1 else None)
+                             file_hash=sha256_file(weights[0]) if len(weights) == 1 else None)
     if path.suffix == ".gguf" or "/" not in name:
-        from difflib import get_close_matches
-
-        close = get_close_matches(name, list(NAMED_MODELS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; named models: {', '.join(NAMED_MODELS)}"
-        raise ModelError(f"unknown model {name!r} (not a named model, a model folder or an org/name hub id){hint}")
+        hint = did_you_mean(name, NAMED_MODELS, listing="named models")
+        raise ModelError(f"unknown model {name!r} (not a named model, a model folder or an org/name hub id); {hint}")
     return _resolve_hub(name)
 
 

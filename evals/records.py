@@ -168,6 +168,6 @@ def iter_arm_records(arm_dir: Path) -> Iterator[SampleRecord]:
 
 def write_records(path: Path, records: Iterable[SampleRecord]) -> None:
     """Write a whole records file at once (imports, tests); atomic: temp file, fsync, rename."""
-    from evals.atomic import atomic_write_text
+    from quant.fileio import atomic_write_text
 
     atomic_write_text(path, "".join(r.model_dump_json() + "\n" for r in records))

@@ -22,11 +22,11 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Literal, Self
 
 from evals.errors import EngineError
+from quant.validation import did_you_mean
 
 HOST = "127.0.0.1"  # local servers never listen beyond loopback
 ServerKind = Literal["vllm", "llamacpp"]
@@ -273,11 +273,8 @@ def llamacpp_command(spec: LlamaCppServerSpec, port: int) -> list[str]:
 def check_cache_type(name: str) -> str:
     """Validate a llama.cpp KV cache type name; returns it."""
     if name not in LLAMACPP_CACHE_TYPES:
-        close = get_close_matches(name, list(LLAMACPP_CACHE_TYPES), n=1)
-        hint = (
-            f"; did you mean {close[0]!r}?" if close else f"; choose one of {', '.join(LLAMACPP_CACHE_TYPES)}"
-        )
-        raise EngineError(f"unknown llama.cpp KV cache type {name!r}{hint}")
+        hint = did_you_mean(name, LLAMACPP_CACHE_TYPES, listing="choose one of")
+        raise EngineError(f"unknown llama.cpp KV cache type {name!r}; {hint}")
     return name
 
 

@@ -15,8 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from evals.atomic import atomic_write_text
 from qa.errors import QAError
+from quant.fileio import atomic_write_text
 from quant.validation import first_error
 
 COMPARISON_SCHEMA_VERSION = 1

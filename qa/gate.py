@@ -18,7 +18,6 @@ Exit codes: 0 pass, 1 fail, 3 inconclusive (2 is a usage or input error, raised 
 
 from __future__ import annotations
 
-import hashlib
 import html
 import math
 import re
@@ -29,10 +28,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats as sps
 
-from evals.atomic import atomic_write_text
 from qa.comparison import Comparison, Estimate, Interval, load_comparison
 from qa.errors import PolicyError, QAError
 from qa.policy import AUTO_METRICS, Policy, TaskPolicy
+from quant.fileio import atomic_write_text, sha256_file
 
 VERDICT_SCHEMA_VERSION = 1
 Status = Literal["pass", "fail", "inconclusive"]
@@ -440,7 +439,7 @@ def gate_run(run_dir: Path, policy: Policy) -> Verdict:
     """Load `run_dir`/comparison.json, evaluate it under `policy`, write verdict.json atomically."""
     path = run_dir / "comparison.json"
     comparison = load_comparison(path)
-    verdict = evaluate(comparison, policy, hashlib.sha256(path.read_bytes()).hexdigest())
+    verdict = evaluate(comparison, policy, sha256_file(path))
     write_verdict(run_dir / "verdict.json", verdict)
     return verdict
 

@@ -18,7 +18,6 @@ fixed before the run (margins chosen after seeing the data are not a test). Layo
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import tomllib
 from importlib import resources
@@ -28,7 +27,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qa.errors import PolicyError
-from quant.validation import first_error
+from quant.validation import did_you_mean, first_error
 
 POLICY_VERSION = 1
 DEFAULT_POLICY_NAME = "default.toml"
@@ -109,9 +108,7 @@ class Policy(BaseModel):
 def _check_keys(table: dict[str, object], allowed: tuple[str, ...], where: str) -> None:
     for key in table:
         if key not in allowed:
-            close = difflib.get_close_matches(key, allowed, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; allowed: {', '.join(allowed)}"
-            raise PolicyError(f"{where}: unknown key {key!r}{hint}")
+            raise PolicyError(f"{where}: unknown key {key!r}; {did_you_mean(key, allowed, listing='allowed')}")
 
 
 

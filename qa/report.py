@@ -10,7 +10,6 @@ all); GPQA items are shown by record id only.
 from __future__ import annotations
 
 import base64
-import hashlib
 import html
 import json
 import math
@@ -18,7 +17,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.atomic import atomic_write_bytes, atomic_write_text
 from evals.errors import RecordError
 from evals.records import SampleRecord, read_records
 from qa import plots
@@ -26,6 +24,7 @@ from qa.comparison import Comparison, DistributionEstimate, Estimate, Interval, 
 from qa.errors import QAError
 from qa.gate import RuleResult, TaskVerdict, Verdict, evaluate, load_verdict, md_cell, percent, pts
 from qa.policy import Policy, default_policy
+from quant.fileio import atomic_write_bytes, atomic_write_text, sha256_file
 
 REDACTED_TASK_PREFIXES = ("gpqa",)  # gated dataset: items are shown by record id only, never text
 MAX_EXAMPLES = 5  # changed answers shown per task and direction
@@ -79,14 +78,10 @@ def redacted(task: str) -> bool:
 # ----------------------------------------------------------------------------- gathering
 
 
-def _sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def resolve_verdict(run_dir: Path, comparison: Comparison, policy: Policy | None) -> tuple[Verdict, str]:
     """The verdict to show: re-gated under `policy` if given, else verdict.json when it belongs to
     this comparison.json, else the shipped default policy; the string says which."""
-    sha = _sha256_file(run_dir / "comparison.json")
+    sha = sha256_file(run_dir / "comparison.json")
     if policy is not None:
         return evaluate(comparison, policy, sha), f"evaluated for this report under policy '{policy.name}'"
     vpath = run_dir / "verdict.json"

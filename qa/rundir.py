@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evals.atomic import atomic_write_text
 from qa.errors import SpecError
 from qa.spec import RunSpec, dump_spec, parse_spec
+from quant.fileio import atomic_write_text
 
 SPEC_FILE = "spec.toml"
 

@@ -19,7 +19,8 @@ from typing import Any, Literal
 import torch
 
 from quant.errors import QuantError
-from quant.scales import KVScales, _atomic_write
+from quant.fileio import atomic_write_bytes
+from quant.scales import KVScales
 
 ExportTarget = Literal["vllm", "compressed-tensors"]
 EXPORT_TARGETS: tuple[str, ...] = ("vllm", "compressed-tensors")
@@ -84,7 +85,7 @@ def _write_tensors(tensors: dict[str, torch.Tensor], path: Path, scales: KVScale
         "granularity": scales.meta.granularity,
         "observer": scales.meta.observer,
     }
-    _atomic_write(path, save(tensors, metadata=meta))
+    atomic_write_bytes(path, save(tensors, metadata=meta))
     return path
 
 
@@ -99,6 +100,6 @@ def export_scales(
     paths = [_write_tensors(vllm_scale_tensors(scales, layer_prefix), out_dir / SCALES_FILE, scales)]
     if block is not None:
         scheme_path = out_dir / SCHEME_FILE
-        _atomic_write(scheme_path, (json.dumps(block, indent=2) + "\n").encode())
+        atomic_write_bytes(scheme_path, (json.dumps(block, indent=2) + "\n").encode())
         paths.append(scheme_path)
     return paths

@@ -7,11 +7,11 @@ calibrated `scales_file`) are kept unless the preset sets them.
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
 
 from quant.errors import QuantError
 from quant.kv_spec import KVQuantSpec, kv_spec_from_dict
+from quant.validation import did_you_mean
 
 FAULT_PRESETS: dict[str, dict[str, Any]] = {
     # V block-scale bytes read in another order than written (the scale-factor layout/swizzle bug of NVFP4
@@ -34,9 +34,8 @@ def fault_spec(name: str, base: KVQuantSpec | None = None) -> KVQuantSpec:
     """The KVQuantSpec of preset `name` over `base`'s fields; QuantError with a did-you-mean if unknown."""
     preset = FAULT_PRESETS.get(name)
     if preset is None:
-        close = difflib.get_close_matches(name, list(FAULT_PRESETS), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise QuantError(f"unknown fault preset {name!r}; {hint}choose one of: {', '.join(FAULT_PRESETS)}")
+        hint = did_you_mean(name, FAULT_PRESETS, listing="choose one of")
+        raise QuantError(f"unknown fault preset {name!r}; {hint}")
     fields = base.model_dump(exclude_defaults=True) if base is not None else {}
     if preset.get("scales", "static") != "static":  # a preset that leaves static scales drops the scales file
         fields.pop("scales_file", None)

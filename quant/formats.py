@@ -10,7 +10,6 @@ dynamic mode uses gs = fl32(2688 * fl32(1/amax)) directly; the two can differ in
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +19,7 @@ from quant import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused
 from quant.errors import QuantError
 from quant.fp8 import FP8Kind
 from quant.intq import IntBits
+from quant.validation import did_you_mean
 
 # bits per element at head_dim 128 (per-row float32 scales of INT formats amortized over 128 elements)
 REFERENCE_HEAD_DIM = 128
@@ -285,9 +285,6 @@ def get_format(name: str, *, fused: bool = False) -> KVFormat:
         return FUSED_NVFP4
     if fmt is None:
         key = name.lower()
-        close = [n for n in FORMAT_NAMES if n.startswith(key)] or difflib.get_close_matches(
-            key, FORMAT_NAMES, n=1, cutoff=0.5
-        )
-        hint = f"did you mean {' or '.join(repr(n) for n in close)}? " if close else ""
-        raise QuantError(f"unknown KV format {name!r}; {hint}choose one of: {', '.join(FORMAT_NAMES)}")
+        hint = did_you_mean(key, FORMAT_NAMES, listing="choose one of", prefix=True)
+        raise QuantError(f"unknown KV format {name!r}; {hint}")
     return fmt

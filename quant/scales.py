@@ -18,6 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
+from quant.fileio import atomic_write_bytes
 from quant.formats import get_format
 from quant.validation import first_error
 
@@ -121,8 +122,8 @@ class KVScales:
             {n: getattr(self, n).contiguous() for n in TENSOR_NAMES},
             metadata={"format": self.meta.format, "convention": self.meta.convention},
         )
-        _atomic_write(tensors_path, blob)
-        _atomic_write(meta_path, (json.dumps(self.meta.model_dump(), indent=2) + "\n").encode())
+        atomic_write_bytes(tensors_path, blob)
+        atomic_write_bytes(meta_path, (json.dumps(self.meta.model_dump(), indent=2) + "\n").encode())
         return tensors_path, meta_path
 
     @classmethod
@@ -155,19 +156,3 @@ def scales_paths(path: Path) -> tuple[Path, Path]:
     path = Path(path)
     stem = path.with_suffix("") if path.suffix in (".safetensors", ".json") else path
     return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    import os
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

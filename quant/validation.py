@@ -38,8 +38,13 @@ def first_error(exc: ValidationError) -> FirstError:
     )
 
 
-def did_you_mean(key: str, known: Iterable[str]) -> str:
-    """'did you mean 'x'?' for the closest known key, else the list of known keys."""
+def did_you_mean(key: str, known: Iterable[str], *, listing: str = "known keys", prefix: bool = False) -> str:
+    """'did you mean 'x'?' for the closest known name, else '<listing>: a, b, c'. The one helper behind
+    every "unknown name" error. `prefix`: names that start with `key` (case-insensitive) come first, and
+    all of them are offered ('did you mean 'a' or 'b'?')."""
     names = list(known)
-    close = difflib.get_close_matches(key, names, n=1)
-    return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(names)}"
+    close = [n for n in names if n.lower().startswith(key.lower())] if prefix and key else []
+    close = close or difflib.get_close_matches(key, names, n=1, cutoff=0.5 if prefix else 0.6)
+    if close:
+        return f"did you mean {' or '.join(repr(n) for n in close)}?"
+    return f"{listing}: {', '.join(names)}"

@@ -31,7 +31,6 @@ spec.toml, env.json, comparison.json, verdict.json, report.md, report.html, plot
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -49,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from qa.rundir import prepare_run_dir
 from qa.spec import RunSpec, load_spec
+from quant.fileio import sha256_file
 
 FAULT_DIR = ROOT / "examples" / "faults"
 ENGINE_DIR = ROOT / "examples" / "engines"
@@ -122,11 +122,6 @@ def run_qa(name: str, spec_path: Path, run_dir: Path, data_dir: Path | None, log
         flush=True,
     )
     return RunOutcome(name, proc.returncode, seconds, tail)
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def seed_arm(

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from difflib import get_close_matches
 from typing import Any
 
 from evals.engines.base import (
@@ -36,6 +35,7 @@ from evals.engines.openai_engine import cut_at_stop, encode_pair
 from evals.errors import EngineError
 from evals.models import ResolvedModel
 from evals.records import TokenLogprobs
+from quant.validation import did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,8 @@ def check_engine_args(args: Mapping[str, Any], known: Sequence[str]) -> None:
         if key == "model":
             raise EngineError("engine_args.model: the model comes from the spec's model, not engine_args")
         if key not in known and key not in OWN_ARGS:
-            close = get_close_matches(key, [*known, *OWN_ARGS], n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise EngineError(
-                f"unknown vllm engine argument {key!r}{hint} (vLLM EngineArgs fields are accepted)"
-            )
+            hint = did_you_mean(key, [*known, *OWN_ARGS], listing="vLLM EngineArgs fields are accepted")
+            raise EngineError(f"unknown vllm engine argument {key!r}; {hint}")
 
 
 def supported_kv_dtypes(attention_backend: str | None) -> list[str] | None:
@@ -98,9 +95,8 @@ def supported_kv_dtypes(attention_backend: str | None) -> list[str] | None:
             cls = AttentionBackendEnum[attention_backend.upper()].get_class()
         except (KeyError, ValueError):  # vLLM's enum metaclass raises ValueError for unknown names
             names = [e.name for e in AttentionBackendEnum]
-            close = get_close_matches(attention_backend.upper(), names, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise EngineError(f"unknown vLLM attention backend {attention_backend!r}{hint}") from None
+            hint = did_you_mean(attention_backend.upper(), names, listing="choose one of")
+            raise EngineError(f"unknown vLLM attention backend {attention_backend!r}; {hint}") from None
     elif current_platform.is_cpu():
         cls = AttentionBackendEnum.CPU_ATTN.get_class()
     else:

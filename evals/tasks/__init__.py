@@ -9,10 +9,10 @@ lm-eval's `minerva_math500`. `wikitext_kl` and `needle` are this toolkit's own p
 from __future__ import annotations
 
 import importlib
-from difflib import get_close_matches
 
 from evals.errors import EvalError
 from evals.tasks.base import Task, TaskOptions
+from quant.validation import did_you_mean
 
 TASKS: dict[str, str] = {
     "gsm8k": "evals.tasks.gsm8k",
@@ -63,9 +63,7 @@ TASK_DATASETS: dict[str, tuple[str, ...]] = {
 def get_task(name: str, options: TaskOptions | None = None) -> Task:
     """Build the named task with `options` (default: lm-eval's defaults); unknown names suggest the closest."""
     if name not in TASKS:
-        close = get_close_matches(name, list(TASKS), n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; known tasks: {', '.join(TASKS)}"
-        raise EvalError(f"unknown task {name!r}{hint}")
+        raise EvalError(f"unknown task {name!r}; {did_you_mean(name, TASKS, listing='known tasks')}")
     module_name = TASKS[name]
     try:
         module = importlib.import_module(module_name)

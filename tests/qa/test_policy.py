@@ -56,7 +56,7 @@ def test_task_override_merges_over_default() -> None:
     [
         ("x = 1", "unknown key 'x'"),
         ("[default]\nmarign = 0.1", "did you mean 'margin'"),
-        ("[tasks.gsm8k]\nalhpa = 0.1", "[tasks.gsm8k]: unknown key 'alhpa' (did you mean 'alpha'?)"),
+        ("[tasks.gsm8k]\nalhpa = 0.1", "[tasks.gsm8k]: unknown key 'alhpa'; did you mean 'alpha'?"),
         ("[default]\nmargin = -1", "[default] margin: Input should be greater than 0"),
         ("[default]\nmargin = 0", "greater than 0"),
         ("[default]\nalpha = 0.5", "alpha"),

@@ -1,14 +1,18 @@
-"""Atomic file replacement: write a temp file in the same folder, fsync, rename over the target."""
+"""File helpers every package may import: atomic replacement and sha256 of a file's bytes."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
 
+HASH_BLOCK = 1 << 20  # bytes read per step when hashing (1 MiB: large GGUF files never sit in memory)
+
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so that a reader sees either the old or the new file, never a torn one."""
+    """Replace `path` with `data` so that a reader sees either the old or the new file, never a torn one
+    (temp file in the same folder, fsync, rename, fsync of the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -31,3 +35,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     """`atomic_write_bytes` for UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in HASH_BLOCK steps."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(HASH_BLOCK), b""):
+            digest.update(block)
+    return digest.hexdigest()
