@@ -39,7 +39,9 @@ import torch
 
 from evals.data import resolve_data_dir
 from evals.engines.base import GenerateRequest, GenerateResult, LoglikelihoodRequest, LoglikelihoodResult
-from evals.engines.hf import HFEngine, build
+from evals.engines.hf import build
+from evals.engines.hf.args import parse_args
+from evals.engines.hf.engine import HFEngine
 from evals.models import ResolvedModel, resolve_model
 from evals.sampling import select_items
 from evals.tasks import get_task
@@ -174,7 +176,7 @@ def nvfp4_ratio(model: ResolvedModel, args: argparse.Namespace, data_dir: Any, p
     prompts): the NVFP4 cache changes the text, hence how many tokens each item generates, so the
     natural-length ratio mixes cost with output length; the cost ratio is measured at a forced length
     (--forced-tokens new tokens, stop strings and EOS off)."""
-    engine = build(model, {"batch_size": args.batch_size, "kv": json.loads(args.nvfp4_kv)})
+    engine = build(model, parse_args({"batch_size": args.batch_size, "kv": json.loads(args.nvfp4_kv)}))
     pair = (plain, engine)
     for name, n, opts in (("arc_easy", args.arc_items, TaskOptions()), ("gsm8k", args.forced_items, TaskOptions()),
                           ("math500", args.forced_items, TaskOptions(max_tokens=args.math_max_tokens))):
@@ -251,7 +253,7 @@ def throughput(engine: HFEngine, args: argparse.Namespace, rows: list[Row]) -> N
 _VLLM_SNIPPET = """
 import json, sys, time
 from vllm import LLM, SamplingParams
-from evals.engines.vllm_engine import engine_kwargs
+from evals.engines.vllm_args import engine_kwargs
 prompts, m = json.load(sys.stdin), int(sys.argv[2])
 llm = LLM(model=sys.argv[1], dtype="float32", **engine_kwargs(sys.argv[1], {}, on_cpu=True))
 params = SamplingParams(max_tokens=m, temperature=0.0)
@@ -270,7 +272,7 @@ def _vllm_throughput(model_dir: str, prompts: list[str], max_tokens: int) -> tup
     from pathlib import Path
 
     from evals.errors import EvalError
-    from qa.pipeline import arm_python
+    from qa.processes import arm_python
 
     try:
         python = arm_python("vllm")
@@ -318,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         parser.error(f"unknown sections {unknown}; choose from {SECTIONS}")
     data_dir = resolve_data_dir(args.data_dir)
     args.resolved = resolve_model(args.model)
-    engine = build(args.resolved, {"batch_size": args.batch_size})
+    engine = build(args.resolved, parse_args({"batch_size": args.batch_size}))
     rows: list[Row] = [Row("setup", "machine", f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
                                                f"batch size {args.batch_size}, model {args.model}")]
     lm = make_lmeval(engine, args.batch_size) if {"arc_easy", "gsm8k", "math500"} & set(sections) else None

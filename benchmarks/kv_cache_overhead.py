@@ -1,6 +1,6 @@
 """Wall-time overhead of the emulated quantized KV cache vs the plain model.
 
-The plain side uses the hf engine's baseline cache (`quant.plain_cache`, growable buffers like the
+The plain side uses the hf engine's baseline cache (`quant.kv.plain`, growable buffers like the
 emulated cache's) by default, or transformers' DynamicCache with `--plain dynamic`.
 
 Greedy generation of exactly --new-tokens tokens after a --prompt-tokens prompt (random token ids from a
@@ -41,9 +41,9 @@ def _generate(model, ids: torch.Tensor, new_tokens: int, cache) -> tuple[float, 
 def main() -> None:
     """Parse options, time plain vs emulated generation, print a JSON summary."""
     from evals.models import load_model, resolve_model
-    from quant.kv_cache import make_cache
+    from quant.kv.cache import make_cache
+    from quant.kv.plain import make_plain_cache
     from quant.kv_spec import kv_spec_from_dict
-    from quant.plain_cache import make_plain_cache
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")

@@ -29,7 +29,7 @@ CHOICES = ("dynamic", "absmax", "mse", "scale_1.0")
 
 def _perplexity(model, windows: torch.Tensor, spec, scales) -> float:
     """exp(mean NLL) of every next token in `windows` [N, T]; spec None: the plain model."""
-    from quant.kv_cache import make_cache
+    from quant.kv.cache import make_cache
 
     nll, n = 0.0, 0
     with torch.inference_mode():
@@ -83,9 +83,10 @@ def main() -> None:
     """Calibrate, inspect and measure perplexity for every scale choice; write results and table."""
     from evals import data
     from evals.models import load_model, resolve_model
-    from qa.commands.calibrate import load_prompts
+    from qa.calibration import load_prompts
+    from qa.plots import write_kv_plot
     from quant.calibrate import CalibrationSpec, calibrate
-    from quant.inspect import inspect_kv, plot_report
+    from quant.inspect import inspect_kv, save_inspect
     from quant.kv_spec import KVQuantSpec
     from quant.scales import KVScales
 
@@ -130,8 +131,8 @@ def main() -> None:
     print(f"plain: perplexity {results['plain_ppl']:.3f}", flush=True)
     for name, (spec, sc) in configs.items():
         report = inspect_kv(model, prompts, spec, sc, model_name="smollm2-135m")
-        (out / f"inspect_{name}.json").write_text(report.model_dump_json(indent=1), encoding="utf-8")
-        plot_report(report, out / f"inspect_{name}.png")
+        save_inspect(out / f"inspect_{name}.json", report)
+        write_kv_plot(report, out / f"inspect_{name}.png")
         ppl = _perplexity(model, windows, spec, sc)
         results[name] = {
             "ppl": ppl,

@@ -1,10 +1,12 @@
 """Run one arm: build its engine once, run each task into `records/<arm>/<task>.jsonl`.
 
-Each arm folder holds `arm.json`: the arm's resolved configuration and its fingerprint (sha256 of
-the canonical JSON of model, model file hash, engine, engine arguments, limit, repeats, seed) plus
-one fingerprint per task (name, version, options). A rerun into the same folder resumes only when
-the arm fingerprint and every already-run task's fingerprint match; otherwise it raises RecordError
-naming what changed and writes nothing. New tasks may be added to an existing arm.
+Each arm folder holds `arm.json` (an ArmManifest): the arm's resolved configuration and its
+fingerprint (sha256 of the canonical JSON of model, model file hash, engine, the engine arguments as
+the spec set them, limit, repeats, seed) plus one fingerprint per task (name, version, options). A
+rerun into the same folder resumes only when the arm fingerprint and every already-run task's
+fingerprint match; otherwise it raises RecordError naming what changed and writes nothing. New tasks
+may be added to an existing arm. The canonical JSON is the one arm.json files have always been
+fingerprinted with, so folders written before the engine arguments were typed still resume.
 """
 
 from __future__ import annotations
@@ -16,11 +18,20 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from evals.engines import build_engine
+from evals.engines import EngineName, args_model, build_engine, parse_engine_args
+from evals.engines.args import EngineArgs
 from evals.errors import EvalError, RecordError
 from evals.models import ResolvedModel, resolve_model
 from evals.runner import RunSummary, run_task
@@ -33,24 +44,43 @@ ARM_FILE = "arm.json"
 ARM_SCHEMA = 1
 ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 SCALES_KEYS = ("scales", "scales_file")  # engine arguments naming a file whose bytes are part of the config
+RESUME_HINT = "use a new output folder, or delete it to start over"
 
 
 class ArmConfig(BaseModel):
-    """One arm as the spec layer resolved it: model, engine and how many samples."""
+    """One arm as the spec layer resolved it: model, engine with its typed arguments, how many samples.
+    `engine_args` given as a mapping is parsed for `engine` (parse_engine_args) when the config is made."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     model: str
-    engine: str = "hf"
-    engine_args: dict[str, Any] = Field(default_factory=dict)
+    engine: EngineName = "hf"
+    engine_args: EngineArgs
     limit: int | None = Field(default=None, ge=1)
     repeats: int = Field(default=1, ge=1)
     seed: int = 0
     data_dir: Path | None = None  # where the data is read from: a location, not part of the fingerprint
     # A server started for this arm (`qa run`): its settings identify the arm; its base_url (a free port
     # chosen at each start) does not.
-    server: dict[str, Any] | None = None
+    server: dict[str, JsonValue] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_engine_args(cls, data: object) -> object:
+        if isinstance(data, Mapping):
+            args = data.get("engine_args", {})
+            if isinstance(args, Mapping):
+                return {**data, "engine_args": parse_engine_args(str(data.get("engine", "hf")), args)}
+        return data
+
+    @model_validator(mode="after")
+    def _args_fit_the_engine(self) -> Self:
+        want = args_model(self.engine)
+        if not isinstance(self.engine_args, want):
+            raise ValueError(  # noqa: TRY004 - pydantic reports a ValueError as a ValidationError
+                f"engine {self.engine!r} takes {want.__name__}, not {type(self.engine_args).__name__}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -61,8 +91,8 @@ class ArmConfig(BaseModel):
 
 
 @dataclass(frozen=True)
-class TaskSpec:
-    """A task by registry name with its options."""
+class ArmTask:
+    """A task of an arm, by registry name, with its options."""
 
     name: str
     options: TaskOptions = field(default_factory=TaskOptions)
@@ -70,7 +100,113 @@ class TaskSpec:
     repeats: int | None = None  # None: the arm's repeats
 
 
-def parse_arm(data: Mapping[str, Any]) -> ArmConfig:
+# A task ready to run: the task, the options it was made from (None: a task object given as is),
+# and its own limit and repeats (None: the arm's).
+BuiltTask = tuple[Task, TaskOptions | None, int | None, int | None]
+
+
+class TaskEntry(BaseModel):
+    """What identifies one task's configuration in arm.json, with its fingerprint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    version: str
+    config: JsonValue  # the options (or the task's own fields), canonical JSON
+    limit: int | None = None  # only when it overrides the arm's
+    repeats: int | None = None
+    fingerprint: str
+
+    def identity(self) -> dict[str, JsonValue]:
+        """The fingerprinted part (limit and repeats only when they are set)."""
+        out: dict[str, JsonValue] = {"name": self.name, "version": self.version, "config": self.config}
+        if self.limit is not None:
+            out["limit"] = self.limit
+        if self.repeats is not None:
+            out["repeats"] = self.repeats
+        return out
+
+
+class ArmIdentity(BaseModel):
+    """What identifies an arm's configuration (arm.json `config`); its digest is the arm fingerprint."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    model: str
+    model_file_hash: str | None
+    engine: EngineName
+    # as the spec set them; scales files by name only; a started server's base_url left out
+    engine_args: dict[str, JsonValue]
+    engine_files: dict[str, str]  # "<arg>:<file name>" -> sha256 of every scales file the arguments name
+    limit: int | None
+    repeats: int
+    seed: int
+    server: dict[str, JsonValue] | None = None
+
+    def canonical(self) -> dict[str, JsonValue]:
+        """The JSON the fingerprint is the digest of (`server` only when the arm has one)."""
+        return self.model_dump(mode="json", exclude={"server"} if self.server is None else set())
+
+
+class EngineSummary(BaseModel):
+    """What the engine says of itself (not fingerprinted): the report warns when it is not reproducible."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    deterministic: bool
+
+
+class ArmManifest(BaseModel):
+    """The content of `records/<arm>/arm.json`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = ARM_SCHEMA
+    config: ArmIdentity
+    fingerprint: str
+    tasks: dict[str, TaskEntry]
+    engine_info: EngineSummary | None = None
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        """Read arm.json; RecordError (one line) when it is not a manifest this toolkit can resume."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            raise RecordError(f"{path}: not a valid arm manifest; {RESUME_HINT}") from None
+        if not isinstance(data, dict):
+            raise RecordError(f"{path}: not a valid arm manifest; {RESUME_HINT}")
+        if data.get("schema_version") != ARM_SCHEMA:
+            raise RecordError(f"{path}: manifest schema {data.get('schema_version')!r}, this toolkit writes "
+                              f"{ARM_SCHEMA}; {RESUME_HINT}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            err = first_error(exc)
+            raise RecordError(f"{path}: not a valid arm manifest ({err.where_or('file')}: {err.msg}); "
+                              f"{RESUME_HINT}") from None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The arm.json document (the shape it has always had)."""
+        out: dict[str, JsonValue] = {
+            "schema_version": self.schema_version,
+            "config": self.config.canonical(),
+            "fingerprint": self.fingerprint,
+            "tasks": {name: {**entry.identity(), "fingerprint": entry.fingerprint}
+                      for name, entry in self.tasks.items()},
+        }
+        if self.engine_info is not None:
+            out["engine_info"] = self.engine_info.model_dump(mode="json")
+        return out
+
+    def save(self, path: Path) -> None:
+        """Write arm.json atomically (sorted keys, two-space indent)."""
+        atomic_write_text(path, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def parse_arm(data: Mapping[str, object]) -> ArmConfig:
     """Validate a plain mapping into an ArmConfig; a bad key or value is a one-line EvalError."""
     try:
         return ArmConfig.model_validate(dict(data))
@@ -79,35 +215,37 @@ def parse_arm(data: Mapping[str, Any]) -> ArmConfig:
         raise EvalError(f"arm config: {err.where_or('arm')}: {err.msg}") from None
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-able, canonical form of a config value (paths as strings, tuples as lists)."""
+def canonical_json(value: object) -> JsonValue:
+    """A JSON-able, canonical form of a config value (paths as strings, tuples as lists, dataclasses as
+    their fields, anything else as "<TypeName>"); what fingerprints are computed over."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+        return {str(k): canonical_json(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [canonical_json(v) for v in value]
     if isinstance(value, Path):
         return str(value)
     if value is None or isinstance(value, str | int | float | bool):
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: canonical_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return f"<{type(value).__name__}>"
 
 
-def _digest(obj: Any) -> str:
+def digest(obj: JsonValue) -> str:
+    """sha256 (hex) of the compact, key-sorted JSON of `obj`: a fingerprint."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
 
 
-def _file_hashes(args: Mapping[str, Any]) -> dict[str, str]:
+def _file_hashes(args: JsonValue) -> dict[str, str]:
     """sha256 of every file named by a scales argument (nested in `kv` too): new scales, new config."""
     from quant.scales import scales_paths
 
     found: dict[str, str] = {}
 
-    def visit(prefix: str, obj: Any) -> None:
-        if isinstance(obj, Mapping):
+    def visit(prefix: str, obj: JsonValue) -> None:
+        if isinstance(obj, dict):
             for k, v in obj.items():
-                if k in SCALES_KEYS and isinstance(v, str | Path) and v:
+                if k in SCALES_KEYS and isinstance(v, str) and v:
                     for p in scales_paths(Path(v)):
                         if p.is_file():
                             found[f"{prefix}{k}:{p.name}"] = sha256_file(p)
@@ -118,106 +256,88 @@ def _file_hashes(args: Mapping[str, Any]) -> dict[str, str]:
     return found
 
 
-def _scales_by_name(args: Mapping[str, Any]) -> Any:
-    """`args` with every scales file named by its file name only: its bytes are fingerprinted by
+def _scales_by_name(obj: JsonValue) -> JsonValue:
+    """`obj` with every scales file named by its file name only: its bytes are fingerprinted by
     `_file_hashes`, so a run folder that moves (or a relative path read from another directory)
     still resumes, while new scale values still make a new configuration."""
-
-    def visit(obj: Any) -> Any:
-        if isinstance(obj, Mapping):
-            return {
-                k: Path(v).name if k in SCALES_KEYS and isinstance(v, str | Path) and v else visit(v)
-                for k, v in obj.items()
-            }
-        return obj
-
-    return visit(args)
+    if isinstance(obj, dict):
+        return {k: Path(v).name if k in SCALES_KEYS and isinstance(v, str) and v else _scales_by_name(v)
+                for k, v in obj.items()}
+    return obj
 
 
-def _without_started_url(config: ArmConfig) -> Mapping[str, Any]:
-    """Engine arguments without the base_url of a server started for this arm (a new port each start)."""
-    if config.server is None:
-        return config.engine_args
-    return {k: v for k, v in config.engine_args.items() if k != "base_url"}
+def given_engine_args(config: ArmConfig) -> dict[str, JsonValue]:
+    """The engine arguments the spec set (defaults left out), as canonical JSON; without the base_url
+    of a server started for this arm (a new port each start)."""
+    given = canonical_json(config.engine_args.model_dump(exclude_unset=True))
+    assert isinstance(given, dict)  # a model dumps to a mapping
+    if config.server is not None:
+        given.pop("base_url", None)
+    return given
 
 
-def task_fingerprint(task: Task, options: TaskOptions | None, limit: int | None = None,
-                     repeats: int | None = None) -> dict[str, Any]:
+def task_entry(task: Task, options: TaskOptions | None, limit: int | None = None,
+               repeats: int | None = None) -> TaskEntry:
     """What identifies a task's configuration: name, version and options (or its dataclass fields),
     and its own limit / repeats when they override the arm's."""
-    detail = _plain(options) if options is not None else _plain(task)
-    fp: dict[str, Any] = {"name": task.name, "version": task.version, "config": detail}
-    if limit is not None:
-        fp["limit"] = limit
-    if repeats is not None:
-        fp["repeats"] = repeats
-    return fp
+    config = canonical_json(options) if options is not None else canonical_json(task)
+    entry = TaskEntry(name=task.name, version=task.version, config=config, limit=limit, repeats=repeats,
+                      fingerprint="")
+    return entry.model_copy(update={"fingerprint": digest(entry.identity())})
 
 
-def arm_manifest(config: ArmConfig, model: ResolvedModel, tasks: Sequence[tuple[Any, ...]]) -> dict:
-    """The arm.json content for this configuration (without tasks already in an older manifest)."""
-    resolved = {
-        "name": config.name,
-        "model": config.model,
-        "model_file_hash": model.file_hash,
-        "engine": config.engine,
-        "engine_args": _plain(_scales_by_name(_without_started_url(config))),
-        "engine_files": _file_hashes(config.engine_args),
-        "limit": config.limit,
-        "repeats": config.repeats,
-        "seed": config.seed,
-    }
-    if config.server is not None:
-        resolved["server"] = _plain(config.server)
-    task_entries = {}
-    for task, options, *counts in tasks:
-        fp = task_fingerprint(task, options, *counts)
-        task_entries[task.name] = {**fp, "fingerprint": _digest(fp)}
-    return {"schema_version": ARM_SCHEMA, "config": resolved, "fingerprint": _digest(resolved), "tasks": task_entries}
+def arm_manifest(config: ArmConfig, model: ResolvedModel, tasks: Sequence[BuiltTask]) -> ArmManifest:
+    """The manifest for this configuration (without tasks already in an older manifest)."""
+    args = given_engine_args(config)
+    identity = ArmIdentity(
+        name=config.name, model=config.model, model_file_hash=model.file_hash, engine=config.engine,
+        engine_args=_scales_by_name(args),  # type: ignore[arg-type]  # a dict stays a dict
+        engine_files=_file_hashes(canonical_json(config.engine_args.model_dump(exclude_unset=True))),
+        limit=config.limit, repeats=config.repeats, seed=config.seed, server=config.server,
+    )
+    entries = {task.name: task_entry(task, options, limit, repeats)
+               for task, options, limit, repeats in tasks}
+    return ArmManifest(config=identity, fingerprint=digest(identity.canonical()), tasks=entries)
 
 
-def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+def _diff(old: Mapping[str, JsonValue], new: Mapping[str, JsonValue]) -> str:
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     return ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys[:4]) or "fingerprint"
 
 
-def check_arm_folder(arm_dir: Path, manifest: dict) -> dict:
+def check_arm_folder(arm_dir: Path, manifest: ArmManifest) -> ArmManifest:
     """The manifest to write: the old one plus new tasks. RecordError when the folder holds records of
     another configuration (arm settings or an already-run task changed), or records without arm.json."""
     path = arm_dir / ARM_FILE
-    hint = "use a new output folder, or delete it to start over"
     if not path.exists():
         stray = sorted(p.name for p in arm_dir.glob("*.jsonl")) if arm_dir.is_dir() else []
         if stray:
-            raise RecordError(f"{arm_dir}: holds records ({', '.join(stray[:3])}) but no {ARM_FILE}; {hint}")
+            raise RecordError(f"{arm_dir}: holds records ({', '.join(stray[:3])}) but no {ARM_FILE}; "
+                              f"{RESUME_HINT}")
         return manifest
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-        old_fp, old_cfg, old_tasks = old["fingerprint"], old["config"], old["tasks"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise RecordError(f"{path}: not a valid arm manifest; {hint}") from None
-    if old.get("schema_version") != ARM_SCHEMA:
-        raise RecordError(f"{path}: manifest schema {old.get('schema_version')!r}, this toolkit writes {ARM_SCHEMA}; {hint}")
-    if old_fp != manifest["fingerprint"]:
-        raise RecordError(f"{arm_dir}: arm {manifest['config']['name']!r} was run with another configuration "
-                          f"({_diff(old_cfg, manifest['config'])}); {hint}")
-    merged = dict(old_tasks)
-    for name, entry in manifest["tasks"].items():
-        prev = old_tasks.get(name)
-        if prev is not None and prev.get("fingerprint") != entry["fingerprint"]:
+    old = ArmManifest.load(path)
+    if old.fingerprint != manifest.fingerprint:
+        raise RecordError(f"{arm_dir}: arm {manifest.config.name!r} was run with another configuration "
+                          f"({_diff(old.config.canonical(), manifest.config.canonical())}); {RESUME_HINT}")
+    merged = dict(old.tasks)
+    for name, entry in manifest.tasks.items():
+        prev = old.tasks.get(name)
+        if prev is not None and prev.fingerprint != entry.fingerprint:
+            before = prev.config if isinstance(prev.config, dict) else {}
+            after = entry.config if isinstance(entry.config, dict) else {}
             raise RecordError(f"{arm_dir}: task {name!r} was run with other options "
-                              f"({_diff(prev.get('config') or {}, entry['config'])}); {hint}")
+                              f"({_diff(before, after)}); {RESUME_HINT}")
         merged[name] = entry
-    return {**old, "tasks": merged}
+    return old.model_copy(update={"tasks": merged})
 
 
-def run_arm(config: ArmConfig, tasks: Sequence[TaskSpec | Task], out_dir: Path, *,
+def run_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path, *,
             progress: bool = True) -> list[RunSummary]:
     """Run every task for one arm into `out_dir/records/<arm>/` (out_dir is the run directory)."""
     if not tasks:
         raise EvalError("no tasks to run; name at least one task")
-    built: list[tuple[Task, TaskOptions | None, int | None, int | None]] = [
-        (get_task(t.name, t.options), t.options, t.limit, t.repeats) if isinstance(t, TaskSpec)
+    built: list[BuiltTask] = [
+        (get_task(t.name, t.options), t.options, t.limit, t.repeats) if isinstance(t, ArmTask)
         else (t, None, None, None) for t in tasks
     ]
     names = [t.name for t, *_ in built]
@@ -229,11 +349,9 @@ def run_arm(config: ArmConfig, tasks: Sequence[TaskSpec | Task], out_dir: Path, 
     # built before anything is written: engine arguments it refuses leave no folder behind that
     # would make the corrected command look like "another configuration"
     engine = build_engine(config.engine, model, config.engine_args)
-    # What the engine says of itself (not part of the fingerprint): the report warns when it is not
-    # bit-reproducible, since then a rerun of the same arm may itself flip answers.
-    manifest = {**manifest, "engine_info": {"name": engine.info.name, "deterministic": engine.info.deterministic}}
+    info = EngineSummary(name=engine.info.name, deterministic=engine.info.deterministic)
     arm_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(arm_dir / ARM_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    manifest.model_copy(update={"engine_info": info}).save(arm_dir / ARM_FILE)
     summaries: list[RunSummary] = []
     try:
         for task, _, limit, repeats in built:

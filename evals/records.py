@@ -4,6 +4,10 @@ One `SampleRecord` per (task, item, repeat) is appended to `records/<arm>/<task>
 flushed (and fsync'ed) as soon as the sample finishes, so a killed run loses at most the sample in
 flight. On resume, a torn last line (a write cut by a kill) is detected, dropped with a warning
 and truncated away; every complete line is kept and its (item id, repeat) is skipped.
+
+Scores are finite or None. A task score that is NaN or infinite makes its sample an errored one
+(`finite_scores` warns and raises; the runner records the error with no scores), and a records
+file holding a non-finite score is refused with a RecordError naming its file and line.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evals.errors import RecordError
 from quant.validation import first_error
@@ -28,6 +33,28 @@ log = logging.getLogger(__name__)
 def sha256_text(text: str) -> str:
     """Hex sha256 of a UTF-8 string (prompt and target hashes, as lm-eval logs them)."""
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class NonFiniteScoreError(ValueError):
+    """A score is NaN or infinite: its sample is recorded as an error, never with that score."""
+
+
+def first_non_finite(scores: Mapping[str, float | None]) -> str | None:
+    """The message "non-finite score <value> for '<key>'" for the first NaN/inf score, else None."""
+    for key, value in scores.items():
+        if value is not None and not math.isfinite(value):
+            return f"non-finite score {value} for {key!r}"
+    return None
+
+
+def finite_scores(scores: Mapping[str, float | None], where: str) -> dict[str, float | None]:
+    """A copy of `scores` when each is finite or None; else a warning naming `where` (the sample) and
+    NonFiniteScoreError, so the caller records the sample with that error and no scores."""
+    problem = first_non_finite(scores)
+    if problem is not None:
+        log.warning("%s: %s; recorded as an errored sample", where, problem)
+        raise NonFiniteScoreError(problem)
+    return dict(scores)
 
 
 class TokenLogprobs(BaseModel):
@@ -73,6 +100,14 @@ class SampleRecord(BaseModel):
     error: str | None = None
     token_logprobs: TokenLogprobs | None = None
     meta: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+
+    @field_validator("scores")
+    @classmethod
+    def _scores_are_finite(cls, scores: dict[str, float | None]) -> dict[str, float | None]:
+        problem = first_non_finite(scores)
+        if problem is not None:
+            raise ValueError(f"{problem}; a NaN or infinite score must be recorded as an error (score None)")
+        return scores
 
     @property
     def key(self) -> tuple[str, int]:

@@ -7,7 +7,7 @@ records already on disk must have been made by the same task, version and prompt
 of every finished sample is recomputed and compared) and must all lie inside this run's selection;
 otherwise the run refuses with a RecordError before it writes anything.
 
-A sample that fails (the engine answered Failure, or scoring raised) is recorded with its error and
+A sample that fails (the engine answered base.Failure, or scoring raised) is recorded with its error and
 no scores; it is never dropped and never scored as wrong.
 """
 
@@ -30,17 +30,10 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from evals.engines.base import (
-    Engine,
-    Failure,
-    GenerateRequest,
-    GenerateResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    TokenLogprobsRequest,
-)
+from evals.engines import base
+from evals.engines.base import Engine
 from evals.errors import EngineError, EvalError, RecordError
-from evals.records import RecordWriter, SampleRecord, TokenLogprobs, read_records, sha256_text
+from evals.records import RecordWriter, SampleRecord, TokenLogprobs, finite_scores, read_records, sha256_text
 from evals.sampling import sample_seed, select_items
 from evals.tasks.base import Item, Request, Result, Task
 
@@ -48,9 +41,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 64  # samples per engine call: the engine batches inside it; records flush after it
 REQUEST_TYPES: dict[str, type] = {
-    "generate": GenerateRequest,
-    "loglikelihood": LoglikelihoodRequest,
-    "token_logprobs": TokenLogprobsRequest,
+    "generate": base.GenerateRequest,
+    "loglikelihood": base.LoglikelihoodRequest,
+    "token_logprobs": base.TokenLogprobsRequest,
 }
 
 
@@ -153,7 +146,7 @@ def _check_existing(path: Path, task: Task, arm: str, samples: Sequence[_Sample]
                               f"changed?); {hint}")
 
 
-def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Result | Failure]:
+def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Result | base.Failure]:
     """One batched engine call for requests of one kind; results in request order."""
     if kind == "generate":
         results: list = engine.generate(requests)  # type: ignore[arg-type]
@@ -166,20 +159,20 @@ def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Res
     return results
 
 
-def _record(task: Task, arm: str, sample: _Sample, result: Result | Failure | None, error: str | None) -> SampleRecord:
+def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure | None, error: str | None) -> SampleRecord:
     """The SampleRecord of one finished sample; a failed one has its error and no scores."""
     meta: dict[str, str | int | float | bool | None] = {}
-    if isinstance(sample.request, GenerateRequest) and sample.request.temperature > 0:
+    if isinstance(sample.request, base.GenerateRequest) and sample.request.temperature > 0:
         meta["sample_seed"] = sample.seed
     fields: dict = {}
-    if isinstance(result, GenerateResult):
+    if isinstance(result, base.GenerateResult):
         fields = {"completion": result.text, "output_tokens": result.output_tokens,
                   "finish_reason": result.finish_reason}
-    elif isinstance(result, LoglikelihoodResult):
+    elif isinstance(result, base.LoglikelihoodResult):
         fields = {"choice_loglikelihoods": list(result.loglikelihoods), "choice_is_greedy": list(result.is_greedy)}
     elif isinstance(result, TokenLogprobs):
         fields = {"token_logprobs": result}
-    if isinstance(result, Failure):
+    if isinstance(result, base.Failure):
         error = f"engine: {result.error}"
     scores: dict[str, float | None] = {}
     extracted: dict[str, str | None] = {}
@@ -187,7 +180,9 @@ def _record(task: Task, arm: str, sample: _Sample, result: Result | Failure | No
     if error is None and result is not None:
         try:
             scored = task.score(sample.item, result)  # type: ignore[arg-type]
-            scores, extracted, target = dict(scored.scores), dict(scored.extracted), scored.target
+            where = f"{arm}/{task.name} item {sample.item.item_id!r} repeat {sample.repeat}"
+            scores = finite_scores(scored.scores, where)  # NaN/inf: this sample's error, with a warning
+            extracted, target = dict(scored.extracted), scored.target
         except Exception as exc:  # noqa: BLE001 - recorded as this sample's error
             error = f"score: {type(exc).__name__}: {exc}"
     if error is not None:
@@ -229,14 +224,14 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
                 if all((s.item.item_id, s.repeat) in done for s in part):
                     continue
                 runnable = [s for s in part if s.request is not None]
-                results: dict[int, Result | Failure] = {}
+                results: dict[int, Result | base.Failure] = {}
                 if runnable:
                     try:
                         answers = _call_engine(engine, task.kind, [s.request for s in runnable])  # type: ignore[misc]
                     except EvalError:
                         raise
                     except Exception as exc:  # noqa: BLE001 - the whole call failed: every sample records it
-                        answers = [Failure(f"{type(exc).__name__}: {exc}")] * len(runnable)
+                        answers = [base.Failure(f"{type(exc).__name__}: {exc}")] * len(runnable)
                     results = {id(s): a for s, a in zip(runnable, answers, strict=True)}
                 fresh = [s for s in part if (s.item.item_id, s.repeat) not in done]
                 for s in fresh:

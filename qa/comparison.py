@@ -19,17 +19,16 @@ from qa.errors import QAError
 from quant.fileio import atomic_write_text
 from quant.validation import first_error
 
-COMPARISON_SCHEMA_VERSION = 1
+COMPARISON_SCHEMA_VERSION = 2
 SIGN_CONVENTION = "delta = candidate - baseline (negative = candidate worse); ddof = 1"
 
-Verdict = Literal["pass", "fail", "inconclusive", "underpowered", "no_information"]
-SEBasis = Literal["baseline", "unpaired", "paired"]
 CIMethod = Literal["paired_t", "cluster_cr1_t", "tango_score", "degenerate"]
 DistributionMetric = Literal["kld", "top1_agree", "delta_p", "log_ppl_ratio"]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # NaN/inf would be written as null and then refuse to load: refuse them when a model is built.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Interval(_Frozen):
@@ -39,62 +38,19 @@ class Interval(_Frozen):
     upper: float
 
 
-class SigmaRule(_Frozen):
-    """The release-notes rule |delta| <= k * SE_basis, with its weaknesses quantified.
-
-    `false_alarm_rate`: probability that an identical candidate fails the rule,
-    2 * (1 - Phi(k * SE_basis / SE_paired)) (normal approximation). `drop_caught_80`: the true drop
-    (accuracy units, positive) the rule catches with 80% probability, k * SE_basis + z_0.8 * SE_paired.
-    """
-
-    k: float
-    basis: SEBasis
-    se: float | None
-    threshold: float | None  # k * se
-    ratio: float | None  # |delta| / se; None when se is 0 or undefined
-    passed: bool | None  # None when the SE is undefined
-    false_alarm_rate: float | None
-    drop_caught_80: float | None
-
-
-class NonInferiority(_Frozen):
-    """H0: delta <= -margin vs H1: delta > -margin, decided on the (1 - 2 alpha) CI.
-
-    pass iff the CI's lower limit > -margin; fail iff its upper limit < -margin; otherwise
-    inconclusive, or underpowered when the MDE exceeds the margin; no_information when both arms
-    sit at the same floor or ceiling. `p` is one-sided for H0.
-    """
-
-    margin: float
-    alpha: float
-    ci: Interval | None
-    p: float | None
-    p_worse: float | None  # one-sided p for H0: delta >= -margin (the "demonstrably worse" guard)
-    method: CIMethod
-    verdict: Verdict
-
-
-class TOST(_Frozen):
-    """Two one-sided tests for equivalence within (-margin, +margin) on the (1 - 2 alpha) CI.
-    pass iff the CI lies inside; fail iff it lies wholly outside; `p` = max of the two one-sided p."""
-
-    margin: float
-    alpha: float
-    p: float | None
-    method: CIMethod
-    verdict: Verdict
-
-
 class McNemar(_Frozen):
-    """McNemar on the discordant (item, repeat) pairs of binary scores: n10 = baseline right and
-    candidate wrong (regressions), n01 = the reverse. Exact: two-sided binomial, p = min(1, 2 P(X <=
-    min)); mid-p: exact minus P(X = n10) (Fagerland et al. 2013). n10 == n01 gives p = 1 for both."""
+    """McNemar on the discordant *items* of binary scores: n10 = items where the baseline scored higher
+    (regressions), n01 = the reverse. Exact: two-sided binomial, p = min(1, 2 P(X <= min)); mid-p: exact
+    minus P(X = n10) (Fagerland et al. 2013). With one repeat this is McNemar's test (`method`
+    "mcnemar"); with K > 1 repeats it is the same exact test on item-mean differences, the sign test
+    ("sign_test_items"): (item, repeat) pairs are not independent. n10 == n01 gives p = 1 for both."""
 
     n10: int
     n01: int
     p_exact: float
     p_midp: float
-    unit: Literal["item", "item_repeat"]
+    unit: Literal["item"] = "item"
+    method: Literal["mcnemar", "sign_test_items"] = "mcnemar"
 
 
 class Flips(_Frozen):
@@ -159,17 +115,18 @@ class Bootstrap(_Frozen):
 
 
 class Multiplicity(_Frozen):
-    """Across the estimates of one comparison: Holm on `p_worse` (the "fail if any task is
-    demonstrably worse" guard) and Benjamini-Hochberg on the two-sided paired p for delta = 0
-    (flags only, never the gate). Each task's own gate test stays at alpha (intersection-union)."""
+    """Across the estimates of one comparison: Benjamini-Hochberg q on the two-sided paired p for
+    delta = 0 (flags for sub-tasks only, never the gate; each task's gate test stays at alpha,
+    intersection-union). The "any task demonstrably worse" Holm guard depends on the margin: the gate
+    computes it."""
 
-    p_worse_holm: float | None
     p_diff: float | None
     q_bh: float | None
 
 
 class Estimate(_Frozen):
-    """Everything `qa compare` knows about one (task, metric, filter); delta = candidate - baseline."""
+    """Everything `qa compare` knows about one (task, metric, filter): numbers, no decisions;
+    delta = candidate - baseline. `qa.stats.intervals.delta_interval` gives its interval at any level."""
 
     task: str
     metric: str
@@ -182,36 +139,32 @@ class Estimate(_Frozen):
     n_errors_baseline: int  # (item, repeat) samples with no score in the baseline (excluded from both arms)
     n_errors_candidate: int
     n_dropped_items: int  # items with no scored repeat left after dropping errors
-    mean_baseline: float | None
-    mean_candidate: float | None
-    delta: float | None
-    se_baseline: float | None
-    se_candidate: float | None
-    se_unpaired: float | None
-    se_paired: float | None
-    sd_diff: float | None  # sd of the per-item differences (design-effect adjusted when clustered)
-    df: int | None  # t degrees of freedom: n - 1, or clusters - 1
-    rho: float | None  # Pearson correlation of the per-item means of the two arms
+    mean_baseline: float | None = None
+    mean_candidate: float | None = None
+    delta: float | None = None
+    sd_baseline: float | None = None  # sd of the per-item means, ddof = 1 (None: n < 2 or unknown)
+    sd_candidate: float | None = None
+    se_baseline: float | None = None
+    se_candidate: float | None = None
+    se_unpaired: float | None = None
+    se_paired: float | None = None
+    sd_diff: float | None = None  # sd of the per-item differences (design-effect adjusted when clustered)
+    sd_within: float | None = None  # pooled within-item sd of per-repeat differences (repeats >= 2)
+    df: int | None = None  # t degrees of freedom: n - 1, or clusters - 1
+    rho: float | None = None  # Pearson correlation of the per-item means of the two arms
+    score_range: float = 1.0  # largest |score| (at least 1): bounds a difference for the degenerate interval
+    items_worse: int | None = None  # items whose difference is < 0 (None: not known, v1 files)
+    items_better: int | None = None  # items whose difference is > 0
     ci_method: CIMethod
-    ci90: Interval | None
-    ci95: Interval | None
-    sigma_rule: SigmaRule
-    noninferiority: NonInferiority
-    tost: TOST
-    mcnemar: McNemar | None  # binary scores only
-    flips: Flips | None
-    agreement: Agreement | None  # generative tasks only
-    bootstrap: Bootstrap | None
-    mde: float | None  # (z_{1-alpha} + z_0.8) * SE_paired, accuracy units
-    # items needed for MDE <= margin at this sd of differences and repeats; when every difference is 0
-    # (sd 0), the items for which 0 observed differences bound the differing share below the margin
-    # at level alpha: ceil(ln(alpha) / ln(1 - margin))
-    n_needed: int | None
-    repeats_needed: int | None  # repeats needed at this n (None: repeats cannot get there / unknown)
-    information: bool  # False when both arms sit at the same floor or ceiling
+    ci90: Interval | None = None
+    ci95: Interval | None = None
+    mcnemar: McNemar | None = None  # binary scores only
+    flips: Flips | None = None
+    agreement: Agreement | None = None  # generative tasks only
+    bootstrap: Bootstrap | None = None
     multiplicity: Multiplicity | None = None
     excess_flips: ExcessFlips | None = None  # only with a baseline-rerun arm
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)  # about the method, never about a decision
 
 
 class ChunkValue(_Frozen):
@@ -248,48 +201,24 @@ class DistributionEstimate(_Frozen):
     notes: list[str] = Field(default_factory=list)
 
 
-class TaskOverride(_Frozen):
-    """Per-task replacements for StatsConfig fields (None: keep the default)."""
+class StatsSettings(_Frozen):
+    """The parameters the statistics were computed with (none of them is a decision threshold:
+    margins, alpha and the sigma rule's k live in the gate policy)."""
 
-    margin: float | None = Field(default=None, gt=0, lt=1)
-    alpha: float | None = Field(default=None, gt=0, lt=0.5)
-    k: float | None = Field(default=None, gt=0)
-    basis: SEBasis | None = None
-
-
-class StatsConfig(_Frozen):
-    """The parameters estimates are computed with; recorded in comparison.json (a gate may
-    re-decide verdicts from the numbers with another policy). margin is in score units (0.02 = 2
-    accuracy points); alpha is one-sided, so the decision CI is (1 - 2 alpha)."""
-
-    margin: float = Field(default=0.02, gt=0, lt=1)
-    alpha: float = Field(default=0.05, gt=0, lt=0.5)
-    k: float = Field(default=1.5, gt=0)
-    basis: SEBasis = "baseline"
-    power: float = Field(default=0.8, gt=0, lt=1)
     bootstrap_n: int = Field(default=2000, ge=0)  # 0 disables the bootstrap
     seed: int = 0
-    tango_max_discordant: int = Field(default=30, ge=0)  # Tango below this many discordant pairs
-    overrides: dict[str, TaskOverride] = Field(default_factory=dict)  # task name -> override
-
-    def for_task(self, task: str) -> StatsConfig:
-        """This config with `task`'s override applied (the override map itself is dropped)."""
-        o = self.overrides.get(task)
-        if o is None:
-            return self.model_copy(update={"overrides": {}})
-        update = {k: v for k, v in o.model_dump().items() if v is not None}
-        return self.model_copy(update={**update, "overrides": {}})
+    tango_max_discordant: int = Field(default=30, ge=0)  # Tango below this many discordant items
 
 
 class Comparison(_Frozen):
     """The whole comparison.json."""
 
-    schema_version: Literal[1] = COMPARISON_SCHEMA_VERSION
+    schema_version: Literal[2] = COMPARISON_SCHEMA_VERSION
     sign_convention: str = SIGN_CONVENTION
     baseline: str
     candidate: str
     rerun: str | None = None  # label of the optional baseline-rerun arm
-    settings: StatsConfig
+    settings: StatsSettings = Field(default_factory=StatsSettings)
     estimates: list[Estimate] = Field(default_factory=list)
     distribution: list[DistributionEstimate] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
@@ -309,7 +238,8 @@ def save_comparison(path: Path, comparison: Comparison) -> None:
 
 
 def load_comparison(path: Path) -> Comparison:
-    """Read and validate comparison.json; a missing or invalid file is a one-line QAError."""
+    """Read and validate comparison.json (schema 2, or schema 1 migrated in memory); a missing or
+    invalid file is a one-line QAError."""
     if path.is_dir():
         path = path / "comparison.json"
     if not path.exists():
@@ -318,6 +248,10 @@ def load_comparison(path: Path) -> Comparison:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise QAError(f"{path}: not valid JSON ({exc.msg}); re-run `qa compare`") from None
+    if isinstance(data, dict) and data.get("schema_version") == 1:
+        from qa.comparison_v1 import migrate_v1
+
+        data = migrate_v1(data)
     if not isinstance(data, dict) or data.get("schema_version") != COMPARISON_SCHEMA_VERSION:
         version = data.get("schema_version") if isinstance(data, dict) else None
         raise QAError(

@@ -8,13 +8,19 @@ a name can never switch on mathtext.
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from quant.fileio import atomic_write_bytes
+from quant.inspect import InspectReport
+
 STATUS_COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700"}
 GREY = "#57606a"
+SQNR_HEADROOM_DB = 6.0  # an exact layer's bar ends this far above the best finite SQNR
 
 
 @dataclass(frozen=True)
@@ -23,10 +29,21 @@ class ForestRow:
 
     label: str
     delta: float
-    ci90: tuple[float, float] | None
+    ci_gate: tuple[float, float] | None  # the interval the gate decided on, at `gate_level`
     ci95: tuple[float, float] | None
     margin: float
     status: str
+    gate_level: float = 0.90  # two-sided level of ci_gate: 1 - 2 alpha
+
+
+@dataclass(frozen=True)
+class KVLayerRow:
+    """One layer of a kv_inspect.json report: SQNR in dB (inf = exact) and the attention relative error."""
+
+    layer: int
+    k_sqnr_db: float
+    v_sqnr_db: float
+    attn_rel_error: float
 
 
 @dataclass(frozen=True)
@@ -50,7 +67,7 @@ def _png(fig: Figure) -> bytes:
 
 
 def forest_plot(rows: list[ForestRow]) -> bytes:
-    """Delta per task in points: thick bar = 90% CI (the gate's), thin = 95%; lines at 0 and -margin."""
+    """Delta per task in points: thick bar = the gate's (1 - 2 alpha) CI, thin = 95%; lines at 0 and -margin."""
     fig = Figure(figsize=(8.0, 1.1 + 0.55 * len(rows)))
     ax = fig.add_subplot()
     ys = list(range(len(rows)))[::-1]
@@ -59,9 +76,9 @@ def forest_plot(rows: list[ForestRow]) -> bytes:
         colour = STATUS_COLOURS.get(r.status, GREY)
         if r.ci95 is not None:
             ax.plot([100 * r.ci95[0], 100 * r.ci95[1]], [y, y], color=colour, lw=1.4, solid_capstyle="butt")
-        if r.ci90 is not None:
+        if r.ci_gate is not None:
             ax.plot(
-                [100 * r.ci90[0], 100 * r.ci90[1]],
+                [100 * r.ci_gate[0], 100 * r.ci_gate[1]],
                 [y, y],
                 color=colour,
                 lw=5.5,
@@ -84,7 +101,9 @@ def forest_plot(rows: list[ForestRow]) -> bytes:
         ax.legend(loc="lower right", fontsize=8, frameon=False)
     ax.set_yticks(ys, [_label(r.label) for r in rows])
     ax.set_ylim(-0.7, len(rows) - 0.3)
-    ax.set_xlabel("delta = candidate - baseline (accuracy points); thick: 90% CI, thin: 95% CI")
+    levels = {round(100 * r.gate_level) for r in rows}
+    thick = f"{levels.pop()}% CI (the gate's)" if len(levels) == 1 else "the gate's (1 - 2 alpha) CI"
+    ax.set_xlabel(f"delta = candidate - baseline (accuracy points); thick: {thick}, thin: 95% CI")
     ax.grid(axis="x", color="#d0d7de", lw=0.6)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
@@ -144,23 +163,47 @@ def kl_plot(label: str, per_chunk: list[float], mean: float) -> bytes:
     return _png(fig)
 
 
-def kv_error_plot(layers: list[str], k_sqnr_db: list[float | None], v_sqnr_db: list[float | None]) -> bytes:
-    """Grouped bars of per-layer SQNR (dB, higher = smaller quantization error) for K and V."""
-    fig = Figure(figsize=(max(6.0, 0.32 * len(layers) + 2), 3.2))
-    ax = fig.add_subplot()
-    xs = list(range(len(layers)))
+def kv_error_plot(rows: list[KVLayerRow]) -> bytes:
+    """Per layer: grouped bars of K and V SQNR (dB, higher = smaller error; exact layers drawn hatched
+    at the top of the axis) above bars of the attention output's relative error."""
+    fig = Figure(figsize=(max(6.0, 0.32 * len(rows) + 2), 5.2))
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    xs = list(range(len(rows)))
+    finite = [v for r in rows for v in (r.k_sqnr_db, r.v_sqnr_db) if math.isfinite(v)]
+    top = max(finite + [0.0]) + SQNR_HEADROOM_DB  # where an exact (inf dB) layer's bar ends
+    bottom = min(finite + [0.0]) - SQNR_HEADROOM_DB  # and where a -inf dB (all error) layer's bar ends
     w = 0.4
-    nan = float("nan")
-    ax.bar(
-        [x - w / 2 for x in xs], [nan if v is None else v for v in k_sqnr_db], w, color="#0969da", label="K"
-    )
-    ax.bar(
-        [x + w / 2 for x in xs], [nan if v is None else v for v in v_sqnr_db], w, color="#8250df", label="V"
-    )
-    ax.set_xticks(xs, [_label(s) for s in layers], fontsize=7, rotation=90 if len(layers) > 24 else 0)
-    ax.set_xlabel("layer")
-    ax.set_ylabel("SQNR (dB), higher = smaller error")
+    for offset, values, colour, name in (
+        (-w / 2, [r.k_sqnr_db for r in rows], "#0969da", "K"),
+        (w / 2, [r.v_sqnr_db for r in rows], "#8250df", "V"),
+    ):
+        heights = [top if v == math.inf else bottom if v == -math.inf else v for v in values]
+        bars = ax.bar([x + offset for x in xs], heights, w, color=colour, label=name)
+        for bar, v in zip(bars, values, strict=True):
+            if math.isinf(v):
+                bar.set_hatch("//")
+                bar.set_alpha(0.35)
+    if any(math.isinf(v) for r in rows for v in (r.k_sqnr_db, r.v_sqnr_db)):
+        ax.text(1.0, 1.0, "hatched: exact (inf dB) or all error (-inf dB)", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=7, color=GREY)
+    ax.set_ylabel("SQNR (dB)")
     ax.legend(fontsize=8, frameon=False, ncol=2, loc="lower left", bbox_to_anchor=(0.0, 1.0))
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    ax2.bar(xs, [r.attn_rel_error for r in rows], 0.6, color=GREY)
+    ax2.set_ylabel("attention rel. error")
+    ax2.set_xticks(xs, [str(r.layer) for r in rows], fontsize=7, rotation=90 if len(rows) > 24 else 0)
+    ax2.set_xlabel("layer")
+    for a in (ax, ax2):
+        for side in ("top", "right"):
+            a.spines[side].set_visible(False)
     return _png(fig)
+
+
+def kv_layer_rows(report: InspectReport) -> list[KVLayerRow]:
+    """kv_inspect.json's layers as rows of `kv_error_plot`."""
+    return [KVLayerRow(r.layer, r.k.sqnr_db, r.v.sqnr_db, r.attn_rel_error) for r in report.layers]
+
+
+def write_kv_plot(report: InspectReport, path: Path) -> Path:
+    """`kv_error_plot` of a KV inspection as a PNG file (atomically); returns the path."""
+    atomic_write_bytes(path, kv_error_plot(kv_layer_rows(report)))
+    return path

@@ -1,19 +1,116 @@
-"""The run directory: created once per spec, refused when it holds another run.
+"""The run directory: `RunDir` owns every path in it and loads/saves each file with its model.
 
-`<run>/spec.toml` is the resolved spec. A rerun of the same spec into the same folder resumes
-(finished samples are skipped); a different spec is refused before anything is written, so a
-finished run is never overwritten or mixed with another.
+    <run>/spec.toml                 the resolved spec (RunSpec)
+    <run>/env.json                  versions, git sha, hardware, model and data hashes
+    <run>/calibration/kv_scales.*   static KV scales (safetensors + JSON sidecar)
+    <run>/records/<arm>/*.jsonl     one SampleRecord per (item, repeat), plus arm.json
+    <run>/logs/<arm>-server.log     the log of a server `qa run` started for an arm
+    <run>/kv_inspect.json           per-layer KV distortion of an emulated-cache candidate
+    <run>/comparison.json           numbers (qa.comparison), <run>/verdict.json the gate's decision
+    <run>/report.md, report.html, plots/
+
+A rerun of the same spec into the same folder resumes (finished samples are skipped); a different
+spec is refused before anything is written, so a finished run is never overwritten or mixed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+from qa.comparison import Comparison, load_comparison, save_comparison
 from qa.errors import SpecError
+from qa.gate.verdict import Verdict, load_verdict, save_verdict
 from qa.spec import RunSpec, dump_spec, parse_spec
-from quant.fileio import atomic_write_text
+from quant.fileio import atomic_write_text, sha256_file
 
-SPEC_FILE = "spec.toml"
+
+@dataclass(frozen=True)
+class RunDir:
+    """Every path of one run directory, and typed load/save of its files."""
+
+    root: Path
+
+    @property
+    def spec(self) -> Path:
+        """The resolved spec."""
+        return self.root / "spec.toml"
+
+    @property
+    def env(self) -> Path:
+        """env.json: what produced the run."""
+        return self.root / "env.json"
+
+    @property
+    def scales(self) -> Path:
+        """The candidate's calibrated static KV scales (stem: .safetensors + .json)."""
+        return self.root / "calibration" / "kv_scales.safetensors"
+
+    @property
+    def records(self) -> Path:
+        """The folder holding one records folder per arm."""
+        return self.root / "records"
+
+    def arm_records(self, arm: str) -> Path:
+        """records/<arm>/: the arm's <task>.jsonl files and arm.json."""
+        return self.records / arm
+
+    def server_log(self, arm: str) -> Path:
+        """Where the server `qa run` started for an arm writes its log."""
+        return self.root / "logs" / f"{arm}-server.log"
+
+    @property
+    def kv_inspect(self) -> Path:
+        """Per-layer KV-cache distortion of the candidate's emulated cache (quant.inspect schema)."""
+        return self.root / "kv_inspect.json"
+
+    @property
+    def comparison(self) -> Path:
+        """comparison.json: numbers only."""
+        return self.root / "comparison.json"
+
+    @property
+    def verdict(self) -> Path:
+        """verdict.json: the gate's decision under a policy."""
+        return self.root / "verdict.json"
+
+    @property
+    def report_md(self) -> Path:
+        return self.root / "report.md"
+
+    @property
+    def report_html(self) -> Path:
+        return self.root / "report.html"
+
+    @property
+    def plots(self) -> Path:
+        return self.root / "plots"
+
+    def load_spec(self) -> RunSpec:
+        """The resolved spec of an existing run directory; SpecError when there is none."""
+        if not self.spec.exists():
+            raise SpecError(f"{self.root}: not a run directory (no {self.spec.name})")
+        return parse_spec(self.spec.read_text(encoding="utf-8"), str(self.spec))
+
+    def load_comparison(self) -> Comparison:
+        """comparison.json (a one-line QAError when missing or invalid)."""
+        return load_comparison(self.comparison)
+
+    def save_comparison(self, comparison: Comparison) -> None:
+        """Write comparison.json atomically."""
+        save_comparison(self.comparison, comparison)
+
+    def comparison_sha256(self) -> str:
+        """sha256 of comparison.json's bytes (a verdict names the comparison it decided)."""
+        return sha256_file(self.comparison)
+
+    def load_verdict(self) -> Verdict:
+        """verdict.json (a one-line QAError when missing or invalid)."""
+        return load_verdict(self.verdict)
+
+    def save_verdict(self, verdict: Verdict) -> None:
+        """Write verdict.json atomically."""
+        save_verdict(self.verdict, verdict)
 
 
 def default_run_dir(spec: RunSpec) -> Path:
@@ -21,31 +118,20 @@ def default_run_dir(spec: RunSpec) -> Path:
     return Path("reports") / "runs" / spec.name
 
 
-def prepare_run_dir(spec: RunSpec, run_dir: Path, *, check_only: bool = False) -> Path:
+def prepare_run_dir(spec: RunSpec, run_dir: Path, *, check_only: bool = False) -> RunDir:
     """Create `run_dir` with its spec.toml, or check that it already holds this same spec
     (`check_only`: refuse a folder of another run, but create nothing)."""
-    spec_path = run_dir / SPEC_FILE
-    if spec_path.exists():
-        old = parse_spec(spec_path.read_text(encoding="utf-8"), str(spec_path))
+    rd = RunDir(run_dir)
+    if rd.spec.exists():
+        old = rd.load_spec()
         if old != spec:
             changed = sorted(k for k in RunSpec.model_fields if getattr(old, k) != getattr(spec, k))
-            raise SpecError(
-                f"{run_dir} holds another run (its spec differs in: {', '.join(changed)}); "
-                "pass a new --out folder, or delete that folder to start over"
-            )
-        return run_dir
+            raise SpecError(f"{run_dir} holds another run (its spec differs in: {', '.join(changed)}); "
+                            "pass a new --out folder, or delete that folder to start over")
+        return rd
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise SpecError(f"{run_dir} is not empty and holds no {SPEC_FILE}; pass a new --out folder")
-    if check_only:
-        return run_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(spec_path, dump_spec(spec))
-    return run_dir
-
-
-def load_run_spec(run_dir: Path) -> RunSpec:
-    """The resolved spec of an existing run directory."""
-    path = run_dir / SPEC_FILE
-    if not path.exists():
-        raise SpecError(f"{run_dir}: not a run directory (no {SPEC_FILE})")
-    return parse_spec(path.read_text(encoding="utf-8"), str(path))
+        raise SpecError(f"{run_dir} is not empty and holds no {rd.spec.name}; pass a new --out folder")
+    if not check_only:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(rd.spec, dump_spec(spec))
+    return rd

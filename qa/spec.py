@@ -7,14 +7,24 @@ repeats, the seed, the gate policy, and optionally a calibration step for static
 
 from __future__ import annotations
 
-import hashlib
-import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
+from evals.engines import ENGINE_NAMES, parse_engine_args
+from evals.engines.args import EngineArgs
+from evals.engines.openai_api.args import OpenAIArgs
+from evals.errors import EvalError
 from qa.errors import SpecError
 from quant.validation import first_error
 
@@ -38,7 +48,7 @@ class TaskSpec(_Frozen):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class CalibrationSpec(_Frozen):
+class CalibrationStep(_Frozen):
     """Calibrate static KV scales before the candidate runs (written to <run>/calibration/)."""
 
     dataset: str = "wikitext2"
@@ -84,14 +94,34 @@ class ServerSpec(_Frozen):
 
 
 class ArmSpec(_Frozen):
-    """One arm: an engine with its arguments, or an existing lm-eval `--log_samples` folder."""
+    """One arm: an engine with its typed arguments (parsed once here, by the engine's own argument model),
+    or an existing lm-eval `--log_samples` folder."""
 
     engine: Literal["hf", "vllm", "openai", "lmeval"] = "hf"
     model: str | None = None  # default: the spec's model
-    engine_args: dict[str, Any] = Field(default_factory=dict)
+    engine_args: EngineArgs | None = None  # None only for an lmeval arm
     server: ServerSpec | None = None  # openai arms: a local server `qa run` starts and stops
     lmeval_dir: str | None = None
     description: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_engine_args(cls, data: object) -> object:
+        # engine_args is validated by the model of the arm's engine, with that engine's one-line messages
+        if not isinstance(data, dict):
+            return data
+        engine, args = data.get("engine", "hf"), data.get("engine_args", {})
+        if engine == "lmeval" or not isinstance(args, dict) or engine not in ENGINE_NAMES:
+            return data
+        try:
+            return {**data, "engine_args": parse_engine_args(engine, args)}
+        except EvalError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_serializer("engine_args")
+    def _given_args(self, args: EngineArgs | None) -> dict[str, Any] | None:
+        # spec.toml keeps the engine arguments the spec set (what arm.json fingerprints), not every default
+        return None if args is None else args.model_dump(mode="json", exclude_unset=True)
 
     @model_validator(mode="after")
     def _lmeval_needs_dir(self) -> ArmSpec:
@@ -99,11 +129,17 @@ class ArmSpec(_Frozen):
             raise ValueError("engine 'lmeval' needs lmeval_dir (an lm-eval --output_path folder)")
         if self.engine != "lmeval" and self.lmeval_dir:
             raise ValueError("lmeval_dir is only for engine 'lmeval'")
+        if self.engine == "lmeval" and self.engine_args is not None:
+            raise ValueError("engine_args: an 'lmeval' arm reads existing samples and runs no engine")
         if self.server is not None and self.engine != "openai":
             raise ValueError("server: only an 'openai' arm talks to a server `qa run` starts")
-        if self.server is not None and "base_url" in self.engine_args:
+        if self.server is not None and isinstance(self.engine_args, OpenAIArgs) and self.engine_args.base_url:
             raise ValueError("engine_args.base_url: `qa run` sets it to the server it starts; remove it")
         return self
+
+    def given_args(self) -> dict[str, Any]:
+        """The engine arguments the spec set, as plain JSON values (empty for an lmeval arm)."""
+        return self._given_args(self.engine_args) or {}
 
 
 class RunSpec(_Frozen):
@@ -115,7 +151,7 @@ class RunSpec(_Frozen):
     data_dir: str | None = None
     policy: str = "default"
     trust_remote_code: bool = False
-    calibration: CalibrationSpec | None = None
+    calibration: CalibrationStep | None = None
     arms: dict[ArmRole, ArmSpec]
     tasks: list[TaskSpec] = Field(default_factory=list)
     notes: str = ""
@@ -143,13 +179,6 @@ class RunSpec(_Frozen):
         """The model an arm serves (its own override, else the spec's)."""
         return self.arms[role].model or self.model
 
-    def records_fingerprint(self, role: ArmRole) -> str:
-        """Hash of everything that determines an arm's records (a changed one must not mix with old records)."""
-        arm = self.arms[role]
-        payload = {"model": self.arm_model(role), "seed": self.seed, "arm": arm.model_dump(exclude={"description"}),
-                   "calibration": self.calibration.model_dump() if self.calibration and role == "candidate" else None,
-                   "trust_remote_code": self.trust_remote_code}
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _one_line(exc: ValidationError, source: str) -> str:

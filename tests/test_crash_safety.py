@@ -2,7 +2,7 @@
 
 The slow test runs a real, tiny spec (SmolLM2, calibration + two hf arms + compare + report) once
 uninterrupted and once killed 20 times. Each kill waits for a moment of the timeline seen from the
-run directory and the live `qa.arm_worker` children (model load, calibration, a records file
+run directory and the live `qa.worker` children (model load, calibration, a records file
 growing, compare, report), adds a seeded random delay and SIGKILLs the whole process group, as an
 OOM killer or a lost machine would. After each kill the same command is started again. A torn
 JSONL line cannot come from SIGKILL (one record is one write() call), only from power loss, so
@@ -84,15 +84,15 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _workers(pid: int) -> set[str]:
-    """Roles of the live `qa.arm_worker` children (calibrate, baseline, candidate)."""
+    """Roles of the live `qa.worker` children (calibrate, baseline, candidate)."""
     roles: set[str] = set()
     for child in _descendants(pid):
         try:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"qa.arm_worker" in argv:
-            roles.add(argv[argv.index(b"qa.arm_worker") + 2].decode())
+        if b"qa.worker" in argv:
+            roles.add(argv[argv.index(b"qa.worker") + 2].decode())
     return roles
 
 
@@ -298,32 +298,33 @@ def test_calibration_cut_between_its_two_files_is_redone_not_trusted(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A kill after kv_scales.safetensors but before kv_scales.json: the restart must calibrate again
     (and its preflight must not stop on the half-written pair)."""
-    from qa import pipeline
+    from qa import pipeline, processes
+    from qa.rundir import RunDir
     from qa.spec import parse_spec
 
     spec = parse_spec(SPEC)
     run = tmp_path / "run"
     (run / "calibration").mkdir(parents=True)
-    pipeline.scales_path(run).write_bytes(b"left by a killed calibration")
-    pipeline.preflight(spec, run, _data_dir(), None)
+    RunDir(run).scales.write_bytes(b"left by a killed calibration")
+    pipeline.preflight(spec, RunDir(run), _data_dir(), None)
     started: list[list[str]] = []
 
     def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
         started.append(cmd)
         return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(pipeline.subprocess, "run", fake_run)
-    pipeline.calibrate_step(spec, run, _data_dir())
+    monkeypatch.setattr(processes.subprocess, "run", fake_run)
+    processes.calibrate_step(run, _data_dir())
     assert len(started) == 1 and started[0][-3:] == ["calibrate", "--data-dir", str(_data_dir())]
     (run / "calibration" / "kv_scales.json").write_text("{}")
-    pipeline.calibrate_step(spec, run, _data_dir())
+    processes.calibrate_step(run, _data_dir())
     assert len(started) == 1  # both files there: skipped
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux only")
 def test_an_arm_process_dies_with_its_qa_run(tmp_path: Path) -> None:
     """SIGKILL of `qa run` alone (not its group) must not leave an orphaned arm appending records."""
-    code = ("import subprocess, time\nfrom qa.pipeline import CHILD_SETUP\n"
+    code = ("import subprocess, time\nfrom qa.processes import CHILD_SETUP\n"
             "p = subprocess.Popen(['sleep', '120'], preexec_fn=CHILD_SETUP)\nprint(p.pid, flush=True)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None
@@ -387,4 +388,10 @@ def test_twenty_kills_leave_records_identical_to_an_uninterrupted_run(tmp_path: 
     verdict = [json.loads((d / "verdict.json").read_text()) for d in (clean, killed)]
     assert verdict[0]["status"] == verdict[1]["status"]
     assert (killed / "report.html").read_text().rstrip().endswith("</html>")
+    from quant.inspect import load_inspect  # the emulated-cache candidate's per-layer KV numbers
+
+    inspected = [load_inspect(d / "kv_inspect.json") for d in (clean, killed)]
+    assert inspected[0] == inspected[1]
+    assert inspected[0].spec.format == "nvfp4" and len(inspected[0].layers) == 30  # SmolLM2-135M: 30 layers
+    assert all(10 < layer.k.sqnr_db < 40 and 10 < layer.v.sqnr_db < 40 for layer in inspected[0].layers)
     assert "Not deterministic" not in (killed / "report.md").read_text()  # hf on CPU is bit-reproducible

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from qa.spec import parse_spec
-from tests.evals.test_openai_engine import FakeServer
+from tests.evals.engines.openai_api.fake_server import FakeServer
 from tests.shared_data import shared_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,13 +91,14 @@ def test_trust_remote_code_reaches_transformers_only_when_the_spec_says_so(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec_says: bool | None) -> None:
     from evals.engines import build_engine
     from evals.models import resolve_model
-    from qa.pipeline import resolved_engine_args
+    from qa.arm_inputs import resolved_engine_args
+    from qa.rundir import RunDir
 
     line = "" if spec_says is None else f"trust_remote_code = {str(spec_says).lower()}\n"
     spec = parse_spec(f'name = "t"\n{line}[arms.baseline]\n[arms.candidate]\n[[tasks]]\nname = "arc_easy"\n')
     calls = _spy_loads(monkeypatch)
     with pytest.raises(_Stop):
-        build_engine("hf", resolve_model("smollm2-135m"), resolved_engine_args(spec, "candidate", tmp_path))
+        build_engine("hf", resolve_model("smollm2-135m"), resolved_engine_args(spec, "candidate", RunDir(tmp_path)))
     assert calls and calls[0]["trust_remote_code"] is bool(spec_says)
 
 

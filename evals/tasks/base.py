@@ -28,13 +28,15 @@ Result = GenerateResult | LoglikelihoodResult | TokenLogprobs
 
 @dataclass(frozen=True)
 class Item:
-    """One evaluation item: a stable id (the dataset's own where it has one), an optional cluster
-    key (items sharing it are not independent, e.g. a WikiText article or a needle (length, depth)
-    cell), and the raw document the prompt is built from."""
+    """One evaluation item: a stable id (the dataset's own where it has one), the raw document the
+    prompt is built from, an optional cluster key (items sharing it are not independent, e.g. a
+    WikiText article or a needle (length, depth) cell), and the rendered description + few-shot
+    block that precedes the document's text in the prompt ("" for a zero-shot item)."""
 
     item_id: str
     doc: Mapping[str, Any]
     cluster: str | None = None
+    fewshot: str = ""
 
 
 @dataclass(frozen=True)

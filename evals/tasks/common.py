@@ -4,25 +4,26 @@ multiple-choice metrics, and option checks.
 lm-eval (v0.4, `ConfigurableTask.fewshot_context` without a chat template) renders a context as
 `description + sum(q_i + target_delimiter + a_i + fewshot_delimiter) + q`; a multiple-choice request
 scores `target_delimiter + choice` given that context. These helpers reproduce exactly that, and
-tests/evals/test_task_prompts.py checks the bytes against lm-eval's own task objects.
+tests/evals/tasks/test_prompts.py checks the bytes against lm-eval's own task objects.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from evals.data import Row
+from evals.engines.base import GenerateRequest, LoglikelihoodRequest
 from evals.errors import EvalError
-from evals.tasks.base import TaskOptions
+from evals.tasks.base import Item, Request, Scored, TaskOptions
 
 TARGET_DELIMITER = " "  # lm_eval.config.task.TaskConfig default
 FEWSHOT_DELIMITER = "\n\n"  # lm_eval.config.task.TaskConfig default
 FEWSHOT_SEED = 1234  # lm_eval.defaults.DEFAULT_OTHER_SEED: simple_evaluate's fewshot_random_seed
 RANDOM_SEED = 0  # lm_eval.defaults.DEFAULT_RANDOM_SEED: simple_evaluate seeds python `random` with it
-FEWSHOT_KEY = "_fewshot"  # Item.doc key holding the rendered description + few-shot block
 LM_EVAL_MAX_GEN_TOKS = 256  # lm_eval.api.model default max_gen_toks when a task sets none
 
 
@@ -79,6 +80,63 @@ def task_version(ours: int, lm_eval_version: str) -> str:
     return f"{ours}+lm-eval-{lm_eval_version}"
 
 
-def with_fewshot(doc: Mapping[str, Any], block: str) -> dict[str, Any]:
-    """A copy of `doc` carrying the rendered description + few-shot block under FEWSHOT_KEY."""
-    return {**doc, FEWSHOT_KEY: block}
+def row_items(rows: Sequence[Row]) -> list[Item]:
+    """One zero-shot Item per row, id = the row's "id"."""
+    return [Item(item_id=doc["id"], doc=doc) for doc in rows]
+
+
+def generate_request(
+    prompt: str,
+    until: tuple[str, ...],
+    max_tokens: int,
+    temperature: float,
+    seed: int,
+    prefix: str | None = None,
+) -> GenerateRequest:
+    """A generation request; the per-sample seed is passed on only when sampling (temperature > 0)."""
+    return GenerateRequest(
+        prompt=prompt,
+        until=until,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        seed=seed if temperature > 0 else None,
+        prefix=prefix,
+    )
+
+
+def generate_prompt(request: Request) -> str:
+    """A generation request's full prompt (lm-eval's prompt hash input)."""
+    assert isinstance(request, GenerateRequest)
+    return request.prompt
+
+
+def loglikelihood_context(request: Request) -> str:
+    """A log-likelihood request's context string (lm-eval's prompt hash input)."""
+    assert isinstance(request, LoglikelihoodRequest)
+    return request.context
+
+
+def exact_match_scored(
+    extracted: Mapping[str, str], target: str, match: Callable[[str, str], float]
+) -> Scored:
+    """Scored with "exact_match,<filter>" = match(answer, target) for each filter's extracted answer."""
+    scores: dict[str, float | None] = {f"exact_match,{k}": match(v, target) for k, v in extracted.items()}
+    return Scored(scores=scores, extracted=dict(extracted), target=target)
+
+
+def probe_extra(task: str, options: TaskOptions, known: Sequence[str], no_fewshot: str) -> Mapping[str, Any]:
+    """A probe's `options.extra`, refusing unknown keys and any num_fewshot (`no_fewshot` says why)."""
+    unknown = sorted(set(options.extra) - set(known))
+    if unknown:
+        raise EvalError(f"{task}: unknown option(s) {unknown}; known: {', '.join(known)}")
+    if options.num_fewshot:
+        raise EvalError(f"{task}: num_fewshot does not apply ({no_fewshot}); leave it unset")
+    return options.extra
+
+
+def int_option(task: str, extra: Mapping[str, Any], key: str, default: int, low: int) -> int:
+    """The integer option `key` (default when absent); EvalError unless it is an int >= low."""
+    value = extra.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise EvalError(f"{task}: option {key} must be an integer >= {low}, got {value!r}")
+    return value

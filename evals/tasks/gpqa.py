@@ -27,10 +27,19 @@ from lm_eval.filters.extraction import MultiChoiceRegexFilter, RegexFilter
 
 from evals import data
 from evals.data import Row
-from evals.engines.base import GenerateRequest, GenerateResult
+from evals.engines.base import GenerateResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
-from evals.tasks.common import LM_EVAL_MAX_GEN_TOKS, RANDOM_SEED, resolve_fewshot, task_version
-from evals.tasks.multiple_choice import MultipleChoiceTask
+from evals.tasks.common import (
+    LM_EVAL_MAX_GEN_TOKS,
+    RANDOM_SEED,
+    exact_match_scored,
+    generate_prompt,
+    generate_request,
+    resolve_fewshot,
+    row_items,
+    task_version,
+)
+from evals.tasks.multiple_choice import MultipleChoiceTask, zero_shot_builder
 
 LM_EVAL_VERSION = "2.2"
 SHUFFLE_SEED = RANDOM_SEED  # simple_evaluate's random.seed(0) before process_docs runs
@@ -120,57 +129,36 @@ class GpqaCotTask:
     dataset: str
     max_tokens: int
     temperature: float
-    lm_eval_name: str
     version: str = task_version(1, LM_EVAL_VERSION)
     kind: TaskKind = "generate"
 
     def items(self, data_dir: Path | None) -> list[Item]:
         """Every question of the subset, choices shuffled as lm-eval does, id = Record ID."""
-        return [
-            Item(item_id=doc["id"], doc=doc) for doc in shuffle_choices(data.load(self.dataset, data_dir))
-        ]
+        return row_items(shuffle_choices(data.load(self.dataset, data_dir)))
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the question and its choices; zero-shot, so no shared prefix."""
-        return GenerateRequest(
-            prompt=cot_text(item.doc),
-            until=COT_UNTIL,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            seed=seed if self.temperature > 0 else None,
-        )
+        return generate_request(cot_text(item.doc), COT_UNTIL, self.max_tokens, self.temperature, seed)
 
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
-        assert isinstance(request, GenerateRequest)
-        return request.prompt
+        return generate_prompt(request)
 
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match,strict-match and exact_match,flexible-extract against the gold letter."""
         assert isinstance(result, GenerateResult)
-        target = item.doc["answer"]
-        extracted = extract(result.text, item.doc)
-        scores: dict[str, float | None] = {
-            f"exact_match,{k}": exact_match(v, target) for k, v in extracted.items()
-        }
-        return Scored(scores=scores, extracted=dict(extracted), target=target)
+        return exact_match_scored(extract(result.text, item.doc), item.doc["answer"], exact_match)
 
 
 def _zeroshot(subset: str) -> Callable[[str, TaskOptions], MultipleChoiceTask]:
-    def make(name: str, options: TaskOptions) -> MultipleChoiceTask:
-        resolve_fewshot(name, options, 0, None)
-        return MultipleChoiceTask(
-            name=name,
-            version=task_version(1, LM_EVAL_VERSION),
-            dataset=f"gpqa_{subset}",
-            lm_eval_name=f"gpqa_{subset}_zeroshot",
-            doc_to_text=zeroshot_text,
-            doc_to_choice=lambda d: list(LETTERS),
-            doc_to_target=lambda d: d["answer"],
-            process_docs=shuffle_choices,
-        )
-
-    return make
+    return zero_shot_builder(
+        version=task_version(1, LM_EVAL_VERSION),
+        dataset=f"gpqa_{subset}",
+        doc_to_text=zeroshot_text,
+        doc_to_choice=lambda d: list(LETTERS),
+        doc_to_target=lambda d: d["answer"],
+        process_docs=shuffle_choices,
+    )
 
 
 def _cot(subset: str) -> Callable[[str, TaskOptions], GpqaCotTask]:
@@ -179,7 +167,6 @@ def _cot(subset: str) -> Callable[[str, TaskOptions], GpqaCotTask]:
         return GpqaCotTask(
             name=name,
             dataset=f"gpqa_{subset}",
-            lm_eval_name=f"gpqa_{subset}_cot_zeroshot",
             max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS,
             temperature=options.temperature,
         )

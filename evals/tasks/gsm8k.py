@@ -20,16 +20,17 @@ from lm_eval.api.metrics import exact_match_hf_evaluate
 from lm_eval.filters.extraction import RegexFilter
 
 from evals import data
-from evals.engines.base import GenerateRequest, GenerateResult
+from evals.engines.base import GenerateResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
-    FEWSHOT_KEY,
     LM_EVAL_MAX_GEN_TOKS,
+    exact_match_scored,
     fewshot_block,
+    generate_prompt,
+    generate_request,
     resolve_fewshot,
     sequential_fewshot_indices,
     task_version,
-    with_fewshot,
 )
 
 DEFAULT_FEWSHOT = 5
@@ -76,7 +77,6 @@ class Gsm8kTask:
     name: str = "gsm8k"
     version: str = task_version(1, "3.0")
     kind: TaskKind = "generate"
-    lm_eval_name: str = "gsm8k"
 
     def items(self, data_dir: Path | None) -> list[Item]:
         """The 1319 test problems in file order, each with its own few-shot block."""
@@ -88,33 +88,22 @@ class Gsm8kTask:
         items = []
         for i, doc in enumerate(test):
             shots = [(doc_to_text(train[j]), train[j]["answer"]) for j in picks[i]] if picks else []
-            items.append(Item(item_id=doc["id"], doc=with_fewshot(doc, fewshot_block("", shots))))
+            items.append(Item(item_id=doc["id"], doc=doc, fewshot=fewshot_block("", shots)))
         return items
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the item's few-shot block + question, until "Question:"."""
-        return GenerateRequest(
-            prompt=item.doc[FEWSHOT_KEY] + doc_to_text(item.doc),
-            until=UNTIL,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            seed=seed if self.temperature > 0 else None,
-        )
+        prompt = item.fewshot + doc_to_text(item.doc)
+        return generate_request(prompt, UNTIL, self.max_tokens, self.temperature, seed)
 
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
-        assert isinstance(request, GenerateRequest)
-        return request.prompt
+        return generate_prompt(request)
 
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match under both filters; the target is the full reference solution, as lm-eval logs it."""
         assert isinstance(result, GenerateResult)
-        target = item.doc["answer"]
-        extracted = extract(result.text)
-        scores: dict[str, float | None] = {
-            f"exact_match,{k}": exact_match(v, target) for k, v in extracted.items()
-        }
-        return Scored(scores=scores, extracted=dict(extracted), target=target)
+        return exact_match_scored(extract(result.text), item.doc["answer"], exact_match)
 
 
 def build(name: str, options: TaskOptions) -> Gsm8kTask:

@@ -20,7 +20,7 @@ from evals import data
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
-from evals.tasks.common import resolve_fewshot, task_version
+from evals.tasks.common import loglikelihood_context, resolve_fewshot, row_items, task_version
 
 
 def doc_to_text(doc: Row) -> str:
@@ -40,11 +40,10 @@ class LambadaTask:
     name: str = "lambada_openai"
     version: str = task_version(1, "1.0")
     kind: TaskKind = "loglikelihood"
-    lm_eval_name: str = "lambada_openai"
 
     def items(self, data_dir: Path | None) -> list[Item]:
         """The 5153 test passages in file order."""
-        return [Item(item_id=doc["id"], doc=doc) for doc in data.load("lambada_openai", data_dir)]
+        return row_items(data.load("lambada_openai", data_dir))
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """One continuation: the last word with its leading space."""
@@ -52,8 +51,7 @@ class LambadaTask:
 
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the context string."""
-        assert isinstance(request, LoglikelihoodRequest)
-        return request.context
+        return loglikelihood_context(request)
 
     def score(self, item: Item, result: Result) -> Scored:
         """acc (greedy match) and the continuation's log-likelihood (nats)."""

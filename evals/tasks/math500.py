@@ -27,10 +27,18 @@ from typing import Any
 
 from evals import data
 from evals.data import Row
-from evals.engines.base import GenerateRequest, GenerateResult
+from evals.engines.base import GenerateResult
 from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
-from evals.tasks.common import LM_EVAL_MAX_GEN_TOKS, fewshot_block, resolve_fewshot, task_version
+from evals.tasks.common import (
+    LM_EVAL_MAX_GEN_TOKS,
+    fewshot_block,
+    generate_prompt,
+    generate_request,
+    resolve_fewshot,
+    row_items,
+    task_version,
+)
 
 UNTIL = ("Problem:",)
 MINERVA_UTILS = "lm_eval.tasks.minerva_math.utils"
@@ -92,28 +100,20 @@ class Math500Task:
     name: str = "math500"
     version: str = task_version(1, "3.1")
     kind: TaskKind = "generate"
-    lm_eval_name: str = "minerva_math500"
 
     def items(self, data_dir: Path | None) -> list[Item]:
         """The 500 problems in file order, id = the dataset's unique_id."""
-        return [Item(item_id=doc["id"], doc=doc) for doc in data.load("math500", data_dir)]
+        return row_items(data.load("math500", data_dir))
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the shared Minerva block + the problem, until "Problem:"."""
         prefix = fewshot_prefix(self.num_fewshot)
-        return GenerateRequest(
-            prompt=prefix + doc_to_text(item.doc),
-            until=UNTIL,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            seed=seed if self.temperature > 0 else None,
-            prefix=prefix or None,
-        )
+        prompt = prefix + doc_to_text(item.doc)
+        return generate_request(prompt, UNTIL, self.max_tokens, self.temperature, seed, prefix or None)
 
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
-        assert isinstance(request, GenerateRequest)
-        return request.prompt
+        return generate_prompt(request)
 
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match and math_verify from lm-eval's own minerva process_results."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -29,13 +30,12 @@ from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
-    FEWSHOT_KEY,
     TARGET_DELIMITER,
     fewshot_block,
+    loglikelihood_context,
     mc_scores,
     resolve_fewshot,
     task_version,
-    with_fewshot,
 )
 
 MCScorer = Callable[[Row, Sequence[float], list[str]], dict[str, float | None]]
@@ -54,7 +54,6 @@ class MultipleChoiceTask:
     name: str
     version: str
     dataset: str
-    lm_eval_name: str
     doc_to_text: Callable[[Row], str]
     doc_to_choice: Callable[[Row], list[str]]
     doc_to_target: Callable[[Row], int | str]
@@ -74,7 +73,7 @@ class MultipleChoiceTask:
         if self.process_docs is not None:
             rows = self.process_docs(rows)
         pool = data.load(self.dataset, data_dir, self.fewshot_split) if self.num_fewshot else []
-        return [Item(item_id=row["id"], doc=with_fewshot(row, self._block(row, pool))) for row in rows]
+        return [Item(item_id=row["id"], doc=row, fewshot=self._block(row, pool)) for row in rows]
 
     def _block(self, doc: Row, pool: list[Row]) -> str:
         shots: list[tuple[str, str]] = []
@@ -104,7 +103,7 @@ class MultipleChoiceTask:
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Score `" " + choice` for every choice given the few-shot block + this document's text; the
         part shared by every item (description, shots, a fixed primer) is the cacheable `prefix`."""
-        block = item.doc[FEWSHOT_KEY]
+        block = item.fewshot
         text = self.doc_to_text(item.doc)
         shared = block + self.shared_text if text.startswith(self.shared_text) else block
         return LoglikelihoodRequest(
@@ -115,8 +114,7 @@ class MultipleChoiceTask:
 
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the context string."""
-        assert isinstance(request, LoglikelihoodRequest)
-        return request.context
+        return loglikelihood_context(request)
 
     def score(self, item: Item, result: Result) -> Scored:
         """acc / acc_norm (or the task's own scorer); `extracted` is the argmax choice index."""
@@ -173,44 +171,39 @@ def mmlu_description(doc: Row) -> str:
     return f"The following are multiple choice questions (with answers) about {doc['subject'].replace('_', ' ')}.\n\n"
 
 
-def _arc(name: str, options: TaskOptions) -> MultipleChoiceTask:
-    resolve_fewshot(name, options, 0, None)
-    return MultipleChoiceTask(
-        name=name,
-        version=task_version(1, "1.0"),
-        dataset=name,
-        lm_eval_name=name,
-        doc_to_text=arc_text,
-        doc_to_choice=lambda d: list(d["choices"]["text"]),
-        doc_to_target=arc_target,
-    )
+def zero_shot_builder(
+    dataset: str | None = None, **fields: Any
+) -> Callable[[str, TaskOptions], MultipleChoiceTask]:
+    """A builder of the zero-shot MultipleChoiceTask with these fields (dataset None: the task's name)."""
+
+    def make(name: str, options: TaskOptions) -> MultipleChoiceTask:
+        resolve_fewshot(name, options, 0, None)
+        return MultipleChoiceTask(name=name, dataset=dataset or name, **fields)
+
+    return make
 
 
-def _piqa(name: str, options: TaskOptions) -> MultipleChoiceTask:
-    resolve_fewshot(name, options, 0, None)
-    return MultipleChoiceTask(
-        name=name,
-        version=task_version(1, "1.0"),
-        dataset="piqa",
-        lm_eval_name="piqa",
-        doc_to_text=piqa_text,
-        doc_to_choice=lambda d: [d["sol1"], d["sol2"]],
-        doc_to_target=lambda d: d["label"],
-    )
-
-
-def _boolq(name: str, options: TaskOptions) -> MultipleChoiceTask:
-    resolve_fewshot(name, options, 0, None)
-    return MultipleChoiceTask(
-        name=name,
-        version=task_version(1, "2.0"),
-        dataset="boolq",
-        lm_eval_name="boolq",
-        doc_to_text=boolq_text,
-        doc_to_choice=lambda d: list(BOOLQ_CHOICES),
-        doc_to_target=lambda d: d["label"],
-        metrics=("acc",),
-    )
+_arc = zero_shot_builder(
+    version=task_version(1, "1.0"),
+    doc_to_text=arc_text,
+    doc_to_choice=lambda d: list(d["choices"]["text"]),
+    doc_to_target=arc_target,
+)
+_piqa = zero_shot_builder(
+    version=task_version(1, "1.0"),
+    dataset="piqa",
+    doc_to_text=piqa_text,
+    doc_to_choice=lambda d: [d["sol1"], d["sol2"]],
+    doc_to_target=lambda d: d["label"],
+)
+_boolq = zero_shot_builder(
+    version=task_version(1, "2.0"),
+    dataset="boolq",
+    doc_to_text=boolq_text,
+    doc_to_choice=lambda d: list(BOOLQ_CHOICES),
+    doc_to_target=lambda d: d["label"],
+    metrics=("acc",),
+)
 
 
 def _mmlu(name: str, options: TaskOptions) -> MultipleChoiceTask:
@@ -221,7 +214,6 @@ def _mmlu(name: str, options: TaskOptions) -> MultipleChoiceTask:
         name=name,
         version=task_version(1, "1.0"),
         dataset="mmlu",
-        lm_eval_name="mmlu",
         doc_to_text=mmlu_text,
         doc_to_choice=lambda d: list(MMLU_CHOICES),
         doc_to_target=lambda d: d["answer"],

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evals.engines.base import GenerateRequest, GenerateResult
+from evals.engines.base import GenerateResult
 from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
+from evals.tasks.common import generate_prompt, generate_request, int_option, probe_extra
 
 # Measured: the filler below averages 4.6 characters per SmolLM2 (GPT-2-style BPE) token; 4.5 errs
 # toward shorter haystacks so a "7500-token" prompt stays inside an 8192-token window.
@@ -146,13 +147,11 @@ class NeedleTask:
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Instruction + haystack + question; generate a short answer until a newline."""
         prompt = INSTRUCTION + item.doc["context"] + QUESTION.format(key=item.doc["key"])
-        return GenerateRequest(prompt=prompt, until=UNTIL, max_tokens=self.max_tokens, temperature=self.temperature,
-                               seed=seed if self.temperature > 0 else None)
+        return generate_request(prompt, UNTIL, self.max_tokens, self.temperature, seed)
 
     def prompt_text(self, request: Request) -> str:
         """The whole prompt."""
-        assert isinstance(request, GenerateRequest)
-        return request.prompt
+        return generate_prompt(request)
 
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match of the completion's first number with the hidden value."""
@@ -179,27 +178,15 @@ def _fractions(extra: Mapping[str, Any], key: str, default: tuple[float, ...]) -
     return tuple(float(v) for v in value)
 
 
-def _count(extra: Mapping[str, Any], key: str, default: int, low: int) -> int:
-    value = extra.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise EvalError(f"needle: option {key} must be an integer >= {low}, got {value!r}")
-    return value
-
-
 def build(name: str, options: TaskOptions) -> NeedleTask:
     """The probe with its options: lengths, depths, per_cell, distractors, seed (in `options.extra`)."""
-    unknown = sorted(set(options.extra) - set(OPTION_KEYS))
-    if unknown:
-        raise EvalError(f"needle: unknown option(s) {unknown}; known: {', '.join(OPTION_KEYS)}")
-    if options.num_fewshot:
-        raise EvalError("needle: num_fewshot does not apply (zero-shot retrieval); leave it unset")
-    extra = options.extra
+    extra = probe_extra("needle", options, OPTION_KEYS, "zero-shot retrieval")
     return NeedleTask(
         lengths=_ints(extra, "lengths", DEFAULT_LENGTHS),
         depths=_fractions(extra, "depths", DEFAULT_DEPTHS),
-        per_cell=_count(extra, "per_cell", DEFAULT_PER_CELL, 1),
-        distractors=_count(extra, "distractors", 0, 0),
-        seed=_count(extra, "seed", DEFAULT_SEED, 0),
+        per_cell=int_option("needle", extra, "per_cell", DEFAULT_PER_CELL, 1),
+        distractors=int_option("needle", extra, "distractors", 0, 0),
+        seed=int_option("needle", extra, "seed", DEFAULT_SEED, 0),
         max_tokens=options.max_tokens or DEFAULT_MAX_TOKENS,
         temperature=options.temperature,
     )

@@ -58,7 +58,6 @@ def _make(
             name=name,
             version=task_version(1, lm_eval_version),
             dataset="truthfulqa_mc",
-            lm_eval_name=name,
             doc_to_text=doc_to_text,
             doc_to_choice=lambda d: list(d[f"{variant}_targets"]["choices"]),
             doc_to_target=lambda d: 0,

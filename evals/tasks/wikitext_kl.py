@@ -28,6 +28,7 @@ from evals.engines.base import TokenLogprobsRequest
 from evals.errors import EvalError
 from evals.records import TokenLogprobs
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
+from evals.tasks.common import int_option, probe_extra
 
 ARTICLE_RE = re.compile(r"^ = [^=].* = \n$")  # a top-level heading line: " = Robert Boulter = "
 DEFAULT_CHUNK_CHARS = 2000  # about 450 SmolLM2 tokens of detokenized WikiText: fits max_tokens
@@ -118,25 +119,14 @@ class WikitextKLTask:
         return Scored(scores=chunk_scores(result))
 
 
-def _int_option(extra: Mapping[str, Any], key: str, default: int, low: int) -> int:
-    value = extra.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise EvalError(f"wikitext_kl: option {key} must be an integer >= {low}, got {value!r}")
-    return value
-
-
 def build(name: str, options: TaskOptions) -> WikitextKLTask:
     """The probe with its options: chunk_chars, top_k, max_tokens (in `options.extra`)."""
-    unknown = sorted(set(options.extra) - set(OPTION_KEYS))
-    if unknown:
-        raise EvalError(f"wikitext_kl: unknown option(s) {unknown}; known: {', '.join(OPTION_KEYS)}")
-    if options.num_fewshot:
-        raise EvalError("wikitext_kl: num_fewshot does not apply (teacher-forced text); leave it unset")
+    extra = probe_extra("wikitext_kl", options, OPTION_KEYS, "teacher-forced text")
     if options.temperature:
         raise EvalError("wikitext_kl: temperature does not apply (teacher-forced, no sampling); leave it at 0")
-    max_tokens = options.max_tokens or _int_option(options.extra, "max_tokens", DEFAULT_MAX_TOKENS, 2)
+    max_tokens = options.max_tokens or int_option("wikitext_kl", extra, "max_tokens", DEFAULT_MAX_TOKENS, 2)
     return WikitextKLTask(
-        chunk_chars=_int_option(options.extra, "chunk_chars", DEFAULT_CHUNK_CHARS, 100),
-        top_k=_int_option(options.extra, "top_k", DEFAULT_TOP_K, 1),
+        chunk_chars=int_option("wikitext_kl", extra, "chunk_chars", DEFAULT_CHUNK_CHARS, 100),
+        top_k=int_option("wikitext_kl", extra, "top_k", DEFAULT_TOP_K, 1),
         max_tokens=max_tokens,
     )

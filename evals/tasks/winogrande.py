@@ -13,9 +13,8 @@ are never scored, which is the point of partial evaluation.
 Expressed with `LoglikelihoodRequest` as: `contexts` = the per-option contexts, `continuations` =
 the shared continuation once per option (continuation i is scored given contexts[i]); `context` is
 the first option's context, which is also lm-eval's prompt hash input (arguments[0] of the first
-request). Engines must honour `contexts`: this needs the field on LoglikelihoodRequest
-(evals/engines/base.py); until it exists `request` raises EvalError rather than score the wrong
-thing.
+request). Engines score such a request through `LoglikelihoodRequest.pairs()`, which pairs each
+continuation with its own context.
 """
 
 from __future__ import annotations
@@ -27,7 +26,14 @@ from evals import data
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
-from evals.tasks.common import TARGET_DELIMITER, mc_scores, resolve_fewshot, task_version
+from evals.tasks.common import (
+    TARGET_DELIMITER,
+    loglikelihood_context,
+    mc_scores,
+    resolve_fewshot,
+    row_items,
+    task_version,
+)
 
 
 def doc_to_choice(doc: Row) -> list[str]:
@@ -60,11 +66,10 @@ class WinograndeTask:
     name: str = "winogrande"
     version: str = task_version(1, "1.0")
     kind: TaskKind = "loglikelihood"
-    lm_eval_name: str = "winogrande"
 
     def items(self, data_dir: Path | None) -> list[Item]:
         """The 1267 dev sentences in file order."""
-        return [Item(item_id=doc["id"], doc=doc) for doc in data.load("winogrande", data_dir)]
+        return row_items(data.load("winogrande", data_dir))
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """One request holding both (context, continuation) pairs (see the module docstring)."""
@@ -77,8 +82,7 @@ class WinograndeTask:
 
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the first option's context."""
-        assert isinstance(request, LoglikelihoodRequest)
-        return request.context
+        return loglikelihood_context(request)
 
     def score(self, item: Item, result: Result) -> Scored:
         """acc: the gold option's context gives the continuation the higher log-likelihood."""

@@ -4,6 +4,7 @@ and one written by lm-eval's own EvaluationTracker)."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -148,3 +149,24 @@ def test_reads_what_lm_eval_itself_writes(tmp_path: Path) -> None:
     assert recs["gen"].completion == "The answer is 4"
     assert recs["gen"].item_id == "5"
     assert not math.isnan(recs["mc"].scores["acc,none"])
+
+
+@pytest.mark.parametrize(("value", "shown"), [(math.nan, "nan"), (math.inf, "inf")])
+def test_non_finite_metric_is_an_errored_sample(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, value: float, shown: str
+) -> None:
+    """The review's repro in an lm-eval log: a per-doc metric NaN / Infinity (as json.dumps writes it)."""
+    lines = mc_lines([1, 0, 1])
+    lines[1]["acc_norm"] = value
+    sub = write_run(tmp_path / "a", {"t": lines})
+    path = sub / f"samples_t_{DATE}.jsonl"
+    assert ("NaN" if shown == "nan" else "Infinity") in path.read_text().splitlines()[1]
+    with caplog.at_level(logging.WARNING):
+        recs = import_lmeval(tmp_path / "a")
+    assert [r.error is None for r in recs] == [True, False, True]
+    bad = recs[1]
+    assert bad.scores == {} and bad.extracted == {}
+    assert bad.error == f"non-finite score {shown} for 'acc_norm,none' (samples_t_{DATE}.jsonl:2)"
+    assert bad.choice_loglikelihoods is not None  # the engine's answer is kept
+    assert "recorded as an errored sample" in caplog.text
+    assert recs[0].scores == {"acc,none": 1.0, "acc_norm,none": 1.0}

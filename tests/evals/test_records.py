@@ -1,14 +1,28 @@
-"""SampleRecord round trip, the crash-safe writer and the torn-line reader."""
+"""SampleRecord round trip, the crash-safe writer and the torn-line reader; non-finite scores are
+errored samples when made and one-line errors when read."""
 
 import json
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
+from evals.engines.base import EngineInfo, Failure, GenerateRequest, GenerateResult
 from evals.errors import RecordError
-from evals.records import RecordWriter, SampleRecord, read_records, sha256_text
+from evals.records import (
+    NonFiniteScoreError,
+    RecordWriter,
+    SampleRecord,
+    finite_scores,
+    read_records,
+    sha256_text,
+)
+from evals.runner import run_task
+from evals.tasks.base import Item, Request, Result, Scored, TaskKind
 
 
 def rec(item: str, repeat: int = 0, score: float | None = 1.0) -> SampleRecord:
@@ -60,21 +74,17 @@ def test_corrupt_middle_line_is_an_error(tmp_path):
         read_records(path)
 
 
-def test_other_schema_version_is_refused(tmp_path):
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("schema_version", 99, "schema_version 99"), ("surprise", 1, "surprise")],
+    ids=["other-schema-version", "unknown-field"],
+)
+def test_a_changed_record_is_refused(tmp_path, field, value, message):
     path = tmp_path / "t.jsonl"
     data = json.loads(rec("a").model_dump_json())
-    data["schema_version"] = 99
+    data[field] = value
     path.write_text(json.dumps(data) + "\n")
-    with pytest.raises(RecordError, match="schema_version 99"):
-        read_records(path)
-
-
-def test_unknown_field_is_refused(tmp_path):
-    path = tmp_path / "t.jsonl"
-    data = json.loads(rec("a").model_dump_json())
-    data["surprise"] = 1
-    path.write_text(json.dumps(data) + "\n")
-    with pytest.raises(RecordError, match="surprise"):
+    with pytest.raises(RecordError, match=message):
         read_records(path)
 
 
@@ -99,3 +109,79 @@ def test_round_trip(tmp_path_factory, rows):
         for item, repeat, score in rows:
             w.write(rec(item, repeat, score))
     assert read_records(path) == [rec(i, r, s) for i, r, s in rows]
+
+
+# ----------------------------------------------------------------------------- non-finite scores
+
+
+@pytest.mark.parametrize(("literal", "shown"), [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf")])
+def test_a_records_file_with_a_non_finite_score_is_a_one_line_error(tmp_path, literal, shown):
+    """The review's repro: a native record with score NaN / Infinity (json.dumps writes these literals)."""
+    path = tmp_path / "t.jsonl"
+    good = rec("a").model_dump_json()
+    bad = good.replace('"scores":{"acc,none":1.0}', f'"scores":{{"acc,none":{literal}}}').replace('"a"', '"b"', 1)
+    assert literal in bad
+    path.write_text(good + "\n" + bad + "\n")
+    with pytest.raises(RecordError) as exc:
+        read_records(path)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{path}:2: invalid record")
+    assert f"non-finite score {shown} for 'acc,none'" in msg
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_record_cannot_hold_a_non_finite_score(value):
+    with pytest.raises(ValidationError, match="non-finite score"):
+        rec("a", score=value)
+    assert rec("a", score=None).scores == {"acc,none": None}  # None (no score) is fine
+
+
+def test_finite_scores_warns_and_raises(caplog):
+    assert finite_scores({"acc,none": 1.0, "x,none": None}, "arm/t item 'a'") == {"acc,none": 1.0, "x,none": None}
+    with caplog.at_level(logging.WARNING), pytest.raises(NonFiniteScoreError, match="non-finite score nan for 'b'"):
+        finite_scores({"a": 0.5, "b": float("nan")}, "arm/t item 'a' repeat 0")
+    assert "arm/t item 'a' repeat 0: non-finite score nan for 'b'" in caplog.text
+
+
+@dataclass(frozen=True)
+class NaNTask:
+    """Four items scoring 1.0, NaN, inf and 0.0 (the doc holds the score as text)."""
+
+    name: str = "nan_task"
+    version: str = "1"
+    kind: TaskKind = "generate"
+
+    def items(self, data_dir: Path | None) -> list[Item]:
+        return [Item(item_id=str(i), doc={"score": v}) for i, v in enumerate(("1.0", "nan", "inf", "0.0"))]
+
+    def request(self, item: Item, *, repeat: int, seed: int) -> Request:
+        return GenerateRequest(prompt=f"item {item.item_id}", max_tokens=1)
+
+    def prompt_text(self, request: Request) -> str:
+        assert isinstance(request, GenerateRequest)
+        return request.prompt
+
+    def score(self, item: Item, result: Result) -> Scored:
+        return Scored(scores={"acc,none": float(item.doc["score"])}, extracted={"none": "x"}, target="t")
+
+
+class OneTokenEngine:
+    info = EngineInfo(name="fake", model="fake", deterministic=True)
+
+    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult | Failure]:
+        return [GenerateResult(text="x", output_tokens=1, finish_reason="stop") for _ in requests]
+
+
+def test_the_runner_records_a_non_finite_score_as_an_errored_sample(tmp_path, caplog):
+    path = tmp_path / "records" / "a" / "nan_task.jsonl"
+    with caplog.at_level(logging.WARNING):
+        summary = run_task(OneTokenEngine(), NaNTask(), arm="a", out_path=path, progress=False)  # type: ignore[arg-type]
+    assert (summary.written, summary.errors) == (4, 2)
+    recs = {r.item_id: r for r in read_records(path)}  # the file reads back: nothing non-finite in it
+    assert recs["0"].scores == {"acc,none": 1.0} and recs["0"].error is None
+    assert recs["3"].scores == {"acc,none": 0.0}
+    for item, shown in (("1", "nan"), ("2", "inf")):
+        assert recs[item].scores == {} and recs[item].extracted == {}
+        assert recs[item].error is not None and f"non-finite score {shown} for 'acc,none'" in recs[item].error
+        assert recs[item].completion == "x"  # what the engine said is kept
+    assert "a/nan_task item '1' repeat 0: non-finite score nan" in caplog.text

@@ -11,16 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.arm import ARM_FILE, ArmConfig, TaskSpec, parse_arm, run_arm
-from evals.engines.base import (
-    EngineInfo,
-    Failure,
-    GenerateRequest,
-    GenerateResult,
-    LoglikelihoodRequest,
-    LoglikelihoodResult,
-    TokenLogprobsRequest,
-)
+from evals.arm import ARM_FILE, parse_arm, run_arm
+from evals.engines import base as engine_base
 from evals.errors import EvalError, RecordError
 from evals.records import TokenLogprobs, read_records
 from evals.runner import run_task
@@ -49,15 +41,15 @@ class EchoTask:
         return [Item(item_id=f"q{i}", doc={"n": i}, cluster=f"c{i % 3}") for i in range(self.n_items)]
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
-        return GenerateRequest(prompt=f"{self.prompt_tag} {item.doc['n']}", max_tokens=4,
+        return engine_base.GenerateRequest(prompt=f"{self.prompt_tag} {item.doc['n']}", max_tokens=4,
                                temperature=self.temperature, seed=seed if self.temperature else None)
 
     def prompt_text(self, request: Request) -> str:
-        assert isinstance(request, GenerateRequest)
+        assert isinstance(request, engine_base.GenerateRequest)
         return request.prompt
 
     def score(self, item: Item, result: Result) -> Scored:
-        assert isinstance(result, GenerateResult)
+        assert isinstance(result, engine_base.GenerateResult)
         if item.item_id in self.fail_on:
             raise ValueError("unscorable")
         target = str(item.doc["n"])
@@ -66,34 +58,34 @@ class EchoTask:
 
 
 class FakeEngine:
-    """Answers "say n" with n (or n+1 when n is in `wrong`); Failure for ids in `fail`; can stop
+    """Answers "say n" with n (or n+1 when n is in `wrong`); engine_base.Failure for ids in `fail`; can stop
     (KeyboardInterrupt, as a kill) on its k-th call."""
 
     def __init__(self, wrong: set[int] = frozenset(), fail: set[int] = frozenset(), interrupt_on_call: int | None = None):
-        self.info = EngineInfo(name="fake", model="fake", deterministic=True)
+        self.info = engine_base.EngineInfo(name="fake", model="fake", deterministic=True)
         self.wrong, self.fail, self.interrupt_on_call = wrong, fail, interrupt_on_call
         self.calls = 0
         self.seen: list[str] = []
 
-    def generate(self, requests: list[GenerateRequest]) -> list[GenerateResult | Failure]:
+    def generate(self, requests: list[engine_base.GenerateRequest]) -> list[engine_base.GenerateResult | engine_base.Failure]:
         self.calls += 1
         if self.interrupt_on_call == self.calls:
             raise KeyboardInterrupt
-        out: list[GenerateResult | Failure] = []
+        out: list[engine_base.GenerateResult | engine_base.Failure] = []
         for r in requests:
             self.seen.append(r.prompt)
             n = int(r.prompt.split()[-1])
             if n in self.fail:
-                out.append(Failure("boom"))
+                out.append(engine_base.Failure("boom"))
             else:
                 text = str(n + (n in self.wrong) + (r.seed or 0) % 2 * 100 if r.temperature else n + (n in self.wrong))
-                out.append(GenerateResult(text=f" {text}", output_tokens=2, finish_reason="stop"))
+                out.append(engine_base.GenerateResult(text=f" {text}", output_tokens=2, finish_reason="stop"))
         return out
 
-    def loglikelihood(self, requests: list[LoglikelihoodRequest]) -> list[LoglikelihoodResult | Failure]:
+    def loglikelihood(self, requests: list[engine_base.LoglikelihoodRequest]) -> list[engine_base.LoglikelihoodResult | engine_base.Failure]:
         raise NotImplementedError
 
-    def token_logprobs(self, requests: list[TokenLogprobsRequest]) -> list[TokenLogprobs | Failure]:
+    def token_logprobs(self, requests: list[engine_base.TokenLogprobsRequest]) -> list[TokenLogprobs | engine_base.Failure]:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -139,7 +131,7 @@ def test_records_scores_errors_and_subset_identical_across_arms(tmp_path: Path) 
                     limit=8, seed=1, progress=False)
     assert (base.items, base.written, cand.written) == (8, 8, 8)
     assert (base.errors, cand.errors) == (1, 2)
-    assert (base.output_tokens, cand.output_tokens) == (16, 14)  # 2 per answered sample; a Failure has none
+    assert (base.output_tokens, cand.output_tokens) == (16, 14)  # 2 per answered sample; a engine_base.Failure has none
     b, c = read_records(tmp_path / "base.jsonl"), read_records(tmp_path / "cand.jsonl")
     assert [r.item_id for r in b] == [r.item_id for r in c] == [f"q{n}" for n in sorted(chosen)]
     assert [r.prompt_hash for r in b] == [r.prompt_hash for r in c]
@@ -257,18 +249,10 @@ def test_run_arm_writes_manifest_and_refuses_another_config(tmp_path: Path) -> N
 
     [again] = run_arm(config, [task], run, progress=False)  # same config: resumes, nothing new
     assert again.written == 0 and again.skipped == 3
-    other = config.model_copy(update={"engine_args": {"batch_size": 2, "kv": {"format": "nvfp4"}}})
+    other = parse_arm({"name": "base", "model": str(model_dir), "limit": 3,
+                       "engine_args": {"batch_size": 2, "kv": {"format": "nvfp4"}}})
     with pytest.raises(RecordError, match="another configuration.*engine_args"):
         run_arm(other, [task], run, progress=False)
     with pytest.raises(RecordError, match="other options"):
         run_arm(config, [replace(task, n_items=6)], run, progress=False)
     assert {p.name: _sha(p) for p in arm_dir.iterdir()} == snapshot
-
-
-def test_arm_config_rejects_bad_names_and_unknown_keys() -> None:
-    with pytest.raises(EvalError, match="arm name"):
-        parse_arm({"name": "../x", "model": "m"})
-    with pytest.raises(EvalError, match="limits"):
-        parse_arm({"name": "a", "model": "m", "limits": 3})
-    assert ArmConfig(name="a", model="m").repeats == 1
-    assert TaskSpec("gsm8k").options.num_fewshot is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import stats as sps
@@ -12,7 +13,6 @@ from statsmodels.stats.proportion import proportion_confint
 
 from evals.records import SampleRecord, write_records
 from qa.comparison import (
-    TOST,
     Agreement,
     AgreementShare,
     ChunkValue,
@@ -22,9 +22,6 @@ from qa.comparison import (
     Flips,
     Interval,
     McNemar,
-    NonInferiority,
-    SigmaRule,
-    StatsConfig,
     save_comparison,
 )
 
@@ -48,9 +45,9 @@ def estimate_from_scores(
     filter: str = "none",
     errors: tuple[int, int] = (0, 0),
     agreement: Agreement | None = None,
-    margin: float = 0.02,
 ) -> Estimate:
-    """An Estimate for one repeat per item with a paired-t CI (ddof = 1, n - 1 df)."""
+    """An Estimate for one repeat per item with a paired-t CI (ddof = 1, n - 1 df), or, when every
+    difference is equal, the exact binomial bound 1 - a^(1/n) times the score range 1."""
     a = np.asarray(base, dtype=float)
     b = np.asarray(cand, dtype=float)
     n = len(a)
@@ -60,13 +57,16 @@ def estimate_from_scores(
     se_p = float(d.std(ddof=1) / np.sqrt(n))
     delta = float(d.mean())
     binary = bool(np.isin(a, (0, 1)).all() and np.isin(b, (0, 1)).all())
-    info = not (a.mean() == b.mean() and a.mean() in (0.0, 1.0) and se_p == 0)
-    method = "paired_t" if se_p > 0 else "degenerate"
-    ci90 = _t_ci(delta, se_p, n - 1, 0.90)
-    ci95 = _t_ci(delta, se_p, n - 1, 0.95)
+    if se_p > 0:
+        method, ci90, ci95 = "paired_t", _t_ci(delta, se_p, n - 1, 0.90), _t_ci(delta, se_p, n - 1, 0.95)
+    else:
+        method = "degenerate"
+        h90, h95 = 1 - 0.05 ** (1 / n), 1 - 0.025 ** (1 / n)
+        ci90 = Interval(lower=delta - h90 * (delta + 1), upper=delta + h90 * (1 - delta))
+        ci95 = Interval(lower=delta - h95 * (delta + 1), upper=delta + h95 * (1 - delta))
     rho = float(np.corrcoef(a, b)[0, 1]) if se_a > 0 and se_b > 0 else None
-    n10 = int(((a == 1) & (b == 0)).sum())
-    n01 = int(((a == 0) & (b == 1)).sum())
+    n10 = int((d < 0).sum())
+    n01 = int((d > 0).sum())
     flips = Flips(
         n=n,
         n10=n10,
@@ -79,8 +79,6 @@ def estimate_from_scores(
         improve_ci95=_wilson(n01, n),
     )
     p_exact = float(sps.binomtest(n10, n10 + n01).pvalue) if n10 + n01 else 1.0
-    z = float(sps.norm.ppf(0.95) + sps.norm.ppf(0.8))
-    thr = 1.5 * se_a
     return Estimate(
         task=task,
         metric=metric,
@@ -95,6 +93,8 @@ def estimate_from_scores(
         mean_baseline=float(a.mean()),
         mean_candidate=float(b.mean()),
         delta=delta,
+        sd_baseline=float(a.std(ddof=1)),
+        sd_candidate=float(b.std(ddof=1)),
         se_baseline=se_a,
         se_candidate=se_b,
         se_unpaired=float(np.hypot(se_a, se_b)),
@@ -102,31 +102,14 @@ def estimate_from_scores(
         sd_diff=float(d.std(ddof=1)),
         df=n - 1,
         rho=rho,
+        items_worse=n10,
+        items_better=n01,
         ci_method=method,
         ci90=ci90,
         ci95=ci95,
-        sigma_rule=SigmaRule(
-            k=1.5,
-            basis="baseline",
-            se=se_a,
-            threshold=thr,
-            ratio=abs(delta) / se_a if se_a else None,
-            passed=abs(delta) <= thr,
-            false_alarm_rate=float(2 * sps.norm.sf(thr / se_p)) if se_p else None,
-            drop_caught_80=thr + 0.8416 * se_p,
-        ),
-        noninferiority=NonInferiority(
-            margin=margin, alpha=0.05, ci=ci90, p=None, p_worse=None, method=method, verdict="inconclusive"
-        ),
-        tost=TOST(margin=margin, alpha=0.05, p=None, method=method, verdict="inconclusive"),
-        mcnemar=McNemar(n10=n10, n01=n01, p_exact=p_exact, p_midp=p_exact, unit="item") if binary else None,
+        mcnemar=McNemar(n10=n10, n01=n01, p_exact=p_exact, p_midp=p_exact) if binary else None,
         flips=flips,
         agreement=agreement,
-        bootstrap=None,
-        mde=z * se_p,
-        n_needed=None,
-        repeats_needed=None,
-        information=info,
     )
 
 
@@ -157,7 +140,6 @@ def comparison(*estimates: Estimate, distribution: list[DistributionEstimate] | 
     return Comparison(
         baseline="baseline",
         candidate="candidate",
-        settings=StatsConfig(),
         estimates=list(estimates),
         distribution=distribution or [],
     )
@@ -209,66 +191,36 @@ def make_run_dir(run: Path, *, kv: bool = True) -> Path:
     )
     save_comparison(run / "comparison.json", comparison(arc, mmlu, gpqa, gsm, distribution=[dist]))
     recs: dict[str, list[SampleRecord]] = {"baseline": [], "candidate": []}
+
+    def add(key: dict[str, str], baseline: dict[str, Any], candidate: dict[str, Any]) -> None:
+        recs["baseline"].append(SampleRecord(arm="baseline", **key, **baseline))
+        recs["candidate"].append(SampleRecord(arm="candidate", **key, **candidate))
+
     for i in range(6):
-        common = {
-            "task": "gsm8k",
-            "task_version": "3",
-            "item_id": f"gsm8k-{i}",
-            "prompt_hash": "x" * 64,
-            "target": "42",
-        }
-        recs["baseline"].append(
-            SampleRecord(
-                arm="baseline",
-                completion=f"The answer is {i} <b>bold</b>",
-                extracted={"strict-match": str(i)},
-                scores={"exact_match,strict-match": 0.0},
-                **common,
-            )
-        )
-        recs["candidate"].append(
-            SampleRecord(
-                arm="candidate",
-                completion=HOSTILE_COMPLETION,
-                extracted={"strict-match": HOSTILE_ANSWER},
-                scores={"exact_match,strict-match": 0.0},
-                **common,
-            )
+        add(
+            _key("gsm8k", "3", f"gsm8k-{i}", "x", "42"),
+            {
+                "completion": f"The answer is {i} <b>bold</b>",
+                "extracted": {"strict-match": str(i)},
+                "scores": {"exact_match,strict-match": 0.0},
+            },
+            {
+                "completion": HOSTILE_COMPLETION,
+                "extracted": {"strict-match": HOSTILE_ANSWER},
+                "scores": {"exact_match,strict-match": 0.0},
+            },
         )
     for i in range(12):
-        common = {
-            "task": "mmlu",
-            "task_version": "1",
-            "item_id": f"mmlu-{i}",
-            "prompt_hash": "y" * 64,
-            "target": "B",
-        }
-        recs["baseline"].append(
-            SampleRecord(
-                arm="baseline", choice_loglikelihoods=[-1.0, -0.5, -2, -3], scores={"acc,none": 1.0}, **common
-            )
-        )
-        recs["candidate"].append(
-            SampleRecord(
-                arm="candidate",
-                choice_loglikelihoods=[-0.4, -0.5, -2, -3],
-                scores={"acc,none": 0.0 if i < 8 else 1.0},
-                **common,
-            )
+        add(
+            _key("mmlu", "1", f"mmlu-{i}", "y", "B"),
+            {"choice_loglikelihoods": [-1.0, -0.5, -2, -3], "scores": {"acc,none": 1.0}},
+            {"choice_loglikelihoods": [-0.4, -0.5, -2, -3], "scores": {"acc,none": 0.0 if i < 8 else 1.0}},
         )
     for i in range(5):
-        common = {
-            "task": "gpqa_diamond_zeroshot",
-            "task_version": "1",
-            "item_id": f"rec{i:05d}",
-            "prompt_hash": "z" * 64,
-            "target": GPQA_SECRET,
-        }
-        recs["baseline"].append(
-            SampleRecord(arm="baseline", completion=GPQA_SECRET, scores={"acc,none": 1.0}, **common)
-        )
-        recs["candidate"].append(
-            SampleRecord(arm="candidate", completion=GPQA_SECRET, scores={"acc,none": 0.0}, **common)
+        add(
+            _key("gpqa_diamond_zeroshot", "1", f"rec{i:05d}", "z", GPQA_SECRET),
+            {"completion": GPQA_SECRET, "scores": {"acc,none": 1.0}},
+            {"completion": GPQA_SECRET, "scores": {"acc,none": 0.0}},
         )
     for arm, rs in recs.items():
         for task in ("gsm8k", "mmlu", "gpqa_diamond_zeroshot"):
@@ -287,6 +239,16 @@ def make_run_dir(run: Path, *, kv: bool = True) -> Path:
         f'name = "t"\nmodel = "<script>m</script>"\napi_key = "{SECRET_KEY_VALUE}"\n'
     )
     return run
+
+
+def _key(task: str, version: str, item_id: str, hash_char: str, target: str) -> dict[str, str]:
+    return {
+        "task": task,
+        "task_version": version,
+        "item_id": item_id,
+        "prompt_hash": hash_char * 64,
+        "target": target,
+    }
 
 
 HOSTILE_COMPLETION = "<script>alert('pwned')</script> & 7"

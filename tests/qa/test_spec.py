@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qa.errors import SpecError
-from qa.rundir import load_run_spec, prepare_run_dir
+from qa.rundir import RunDir, prepare_run_dir
 from qa.spec import dump_spec, load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -28,7 +28,7 @@ limit = 10
 def test_minimal_spec_fills_defaults():
     spec = parse_spec(MINIMAL)
     assert spec.model == "smollm2-135m" and spec.seed == 1234 and spec.policy == "default"
-    assert spec.tasks[0].repeats == 1 and spec.arms["candidate"].engine_args["kv"]["format"] == "nvfp4"
+    assert spec.tasks[0].repeats == 1 and spec.arms["candidate"].engine_args.kv.format == "nvfp4"
 
 
 def test_dump_round_trips():
@@ -76,7 +76,7 @@ def test_run_dir_refuses_another_run_and_keeps_its_files(tmp_path):
     with pytest.raises(SpecError, match="holds another run .*tasks"):
         prepare_run_dir(other, run)
     assert (run / "comparison.json").read_text() == "{finished}"
-    assert load_run_spec(run) == spec
+    assert RunDir(run).load_spec() == spec
 
 
 def test_run_dir_refuses_a_foreign_nonempty_folder(tmp_path):
@@ -116,3 +116,21 @@ def test_parser_never_crashes_on_text(text):
         parse_spec(text)
     except SpecError:
         pass
+
+
+def test_engine_args_are_parsed_once_by_the_engines_model() -> None:
+    from evals.engines.hf.args import HFEngineArgs
+    from evals.engines.openai_api.args import OpenAIArgs
+    from quant.kv_spec import KVQuantSpec
+
+    spec = parse_spec(MINIMAL)
+    cand = spec.arms["candidate"]
+    assert isinstance(cand.engine_args, HFEngineArgs) and isinstance(cand.engine_args.kv, KVQuantSpec)
+    assert cand.given_args() == {"kv": {"format": "nvfp4"}}  # what spec.toml keeps, not every default
+    assert parse_spec(dump_spec(spec)) == spec
+    served = parse_spec('name = "s"\n[arms.baseline]\nengine = "openai"\nengine_args = { concurrency = 2 }\n'
+                        '[arms.candidate]\nengine = "openai"\n[[tasks]]\nname = "arc_easy"\n')
+    assert isinstance(served.arms["baseline"].engine_args, OpenAIArgs)
+    with pytest.raises(SpecError, match=r"arms.candidate: hf engine: unknown argument 'batch_sise'; did you mean 'batch_size'\?"):
+        parse_spec('name = "s"\n[arms.baseline]\n[arms.candidate]\nengine_args = { batch_sise = 4 }\n'
+                   '[[tasks]]\nname = "arc_easy"\n')

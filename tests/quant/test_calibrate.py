@@ -7,32 +7,17 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from quant.calibrate import MSE_GRID, CalibrationSpec, calibrate, token_chunks
 from quant.errors import QuantError
 from quant.formats import get_format
-from quant.kv_cache import make_cache
+from quant.kv.cache import make_cache
 from quant.kv_spec import KVQuantSpec
 from quant.scales import KVScales, scales_paths
+from tests.tiny_models import TINY_LLAMA, plain_kv
 
 torch.set_num_threads(1)
-LAYERS, HEADS = 2, 2
-
-
-@pytest.fixture(scope="module")
-def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        num_hidden_layers=LAYERS,
-        hidden_size=64,
-        num_attention_heads=HEADS,
-        num_key_value_heads=HEADS,
-        intermediate_size=128,
-        vocab_size=128,
-        max_position_embeddings=256,
-    )
-    return LlamaForCausalLM(cfg).eval()
+LAYERS, HEADS = TINY_LLAMA["num_hidden_layers"], TINY_LLAMA["num_key_value_heads"]
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +27,12 @@ def chunks() -> torch.Tensor:
 
 
 def _captured(model, chunks: torch.Tensor) -> dict[tuple[int, str], torch.Tensor]:
-    """K and V of every layer over all chunks, [n, H, T, D] each, from a plain DynamicCache."""
+    """K and V of every layer over all chunks, [n, H, T, D] each, from a plain DynamicCache (`plain_kv`)."""
     out: dict[tuple[int, str], list[torch.Tensor]] = {}
     for row in chunks:
-        cache = DynamicCache(config=model.config)
-        with torch.no_grad():
-            model(input_ids=row[None], cache=cache, use_cache=True)
-        for i, layer in enumerate(cache.layers):
-            out.setdefault((i, "k"), []).append(layer.keys)
-            out.setdefault((i, "v"), []).append(layer.values)
+        for i, (k, v) in enumerate(plain_kv(model, row[None])):
+            out.setdefault((i, "k"), []).append(k)
+            out.setdefault((i, "v"), []).append(v)
     return {key: torch.cat(v) for key, v in out.items()}
 
 
@@ -192,13 +174,12 @@ def test_static_head_scales_quantize_each_head_with_its_own_scale(llama, chunks)
     ids = chunks[:1, :8]
     with torch.no_grad():
         llama(input_ids=ids, cache=cache, use_cache=True)
-        plain = DynamicCache(config=llama.config)
-        llama(input_ids=ids, cache=plain, use_cache=True)
+    v0 = plain_kv(llama, ids)[0][1]
     fmt = get_format("nvfp4")
     d = (scales.v_amax[0] / 2688.0).reshape(1, HEADS, 1, 1)
     assert torch.equal(cache.layers[0].v.scale, d)
     stored = cache.layers[0].v.stored()[0]
-    assert torch.equal(stored.data["packed"], fmt.quantize(plain.layers[0].values, d).data["packed"])
+    assert torch.equal(stored.data["packed"], fmt.quantize(v0, d).data["packed"])
     assert (
         cache.layers[0].v.nbytes() == stored.data["packed"].numel() * 9 // 8 + 4 * HEADS
     )  # one fp32 per head

@@ -2,34 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
+from quant.errors import QuantError
 from quant.formats import get_format
-from quant.inspect import InspectReport, inspect_kv, plot_report
+from quant.inspect import INSPECT_SCHEMA_VERSION, InspectReport, inspect_kv, load_inspect, save_inspect
 from quant.kv_spec import KVQuantSpec
 from quant.minifloat import e4m3_round
+from tests.tiny_models import TINY_LLAMA, plain_kv
 
 torch.set_num_threads(1)
-LAYERS = 2
-
-
-@pytest.fixture(scope="module")
-def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        num_hidden_layers=LAYERS,
-        hidden_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=128,
-        max_position_embeddings=256,
-    )
-    return LlamaForCausalLM(cfg).eval()
+LAYERS = TINY_LLAMA["num_hidden_layers"]
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +25,7 @@ def prompts() -> torch.Tensor:
 
 
 def _captured(model, prompts):
-    out = []
-    for row in prompts:
-        cache = DynamicCache(config=model.config)
-        with torch.no_grad():
-            model(input_ids=row[None], cache=cache, use_cache=True)
-        out.append([(layer.keys, layer.values) for layer in cache.layers])
-    return out  # [prompt][layer] -> (K, V) each [1, H, T, D]
+    return [plain_kv(model, row[None]) for row in prompts]  # [prompt][layer] -> (K, V) each [1, H, T, D]
 
 
 def test_sqnr_and_error_match_a_reference_quantizer(llama, prompts):
@@ -96,9 +77,35 @@ def test_underflow_and_saturation_shares_match_the_block_scales(llama, prompts):
     assert any(layer.v.underflow_share > 0 for layer in under.layers)
 
 
-def test_report_json_round_trip_and_plot(llama, prompts, tmp_path):
-    report = inspect_kv(llama, prompts[:1], KVQuantSpec(format="fp8_e4m3"), model_name="tiny")
-    again = InspectReport.model_validate_json(report.model_dump_json())
+def test_report_saved_and_loaded_as_kv_inspect_json_and_plotted(llama, prompts, tmp_path):
+    spec = KVQuantSpec(format="fp8_e4m3", skip_layers=(1,))
+    report = inspect_kv(llama, prompts[:1], spec, model_name="tiny")
+    path = save_inspect(tmp_path / "run" / "kv_inspect.json", report)
+    again = load_inspect(path)
     assert again == report and again.n_prompts == 1 and again.tokens_per_prompt == 24
-    png = plot_report(report, tmp_path / "sqnr.png")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert again.schema_version == INSPECT_SCHEMA_VERSION and isinstance(again.spec, KVQuantSpec)
+    assert again.spec == spec.model_copy(update={"prefill_reads_quantized": True})
+    assert math.isinf(again.layers[1].k.sqnr_db)  # the skipped layer is exact: Infinity in the file
+    assert '"sqnr_db": Infinity' in path.read_text()
+
+
+def test_bad_kv_inspect_files_give_one_line_errors_naming_the_path(llama, prompts, tmp_path):
+    missing = tmp_path / "missing.json"
+    with pytest.raises(QuantError, match=f"^{missing}: no kv-inspect report there"):
+        load_inspect(missing)
+    bad = tmp_path / "kv_inspect.json"
+    bad.write_text("{not json")
+    with pytest.raises(QuantError, match=f"^{bad}: not a kv-inspect report") as err:
+        load_inspect(bad)
+    assert "\n" not in str(err.value)
+    # the flat shape the report used to guess at is refused, not half-read
+    bad.write_text(json.dumps({"k_sqnr_db": [20.0, 21.0], "v_sqnr_db": [19.0, 18.0]}))
+    with pytest.raises(QuantError, match="not a kv-inspect report"):
+        load_inspect(bad)
+    good = json.loads(inspect_kv(llama, prompts[:1], KVQuantSpec(format="nvfp4")).model_dump_json())
+    bad.write_text(json.dumps({**good, "schema_version": 2}))
+    with pytest.raises(QuantError, match="schema_version"):
+        load_inspect(bad)
+    bad.write_text(json.dumps({**good, "spec": {**good["spec"], "format": "nvfp5"}}))
+    with pytest.raises(QuantError, match="spec.format.*did you mean 'nvfp4'"):
+        load_inspect(bad)

@@ -1,0 +1,15 @@
+"""EngineArgs: the argument model of any engine (one per engine, chosen by the arm's `engine`).
+
+Its own module so that importing `evals.engines` (the requests, the registry) loads none of the
+engines' argument modules: the hf one reads quant's KV formats, which import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+from evals.engines.hf.args import HFEngineArgs
+from evals.engines.openai_api.args import OpenAIArgs
+from evals.engines.vllm_args import VllmEngineArgs
+
+EngineArgs: TypeAlias = HFEngineArgs | VllmEngineArgs | OpenAIArgs

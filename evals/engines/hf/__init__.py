@@ -1,0 +1,67 @@
+"""The `hf` engine: a transformers causal LM on CPU or GPU, with the emulated (quantized) KV cache.
+
+Tokenisation follows lm-eval's HFLM (lm_eval/models/huggingface.py, api/model.py `_encode_pair`),
+so per-item scores match lm-eval's hf model: a log-likelihood pair is encoded as context +
+continuation together and split at the context's length (trailing context spaces move to the
+continuation); generation left-pads, left-truncates the prompt to `max_length - max_tokens`, and
+cuts the decoded text at the first stop string.
+
+Modules: args (HFEngineArgs, parse_args: no torch), tokens (lm-eval tokenisation), surgery (what is
+read off the model), model (caches and forward passes), batching, prefix (shared few-shot KV),
+sequence (pick, stop, result), decode (continuous batching + draft tokens; lookup: the drafts),
+batch (fixed-batch fallback), score (log-likelihood), logprobs (teacher-forced log-probs),
+engine (HFEngine). This module builds the engine; importing it loads neither torch nor transformers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from evals.engines.hf.args import HFEngineArgs
+from evals.errors import EngineError
+from evals.models import ResolvedModel
+
+if TYPE_CHECKING:
+    from evals.engines.hf.engine import HFEngine
+    from quant.scales import KVScales
+
+
+def read_scales(args: HFEngineArgs) -> KVScales | None:
+    """The static KV scales file the arguments name (None when they name none); EngineError if unusable."""
+    if args.scales is None:
+        return None
+    from quant.errors import QuantError
+    from quant.scales import KVScales
+
+    try:
+        return KVScales.load(args.scales)
+    except QuantError as exc:
+        raise EngineError(f"hf engine: {exc}") from None
+
+
+def check_args(args: HFEngineArgs, *, load_scales: bool = True) -> None:
+    """Check what parsing cannot, without loading a model: that the scales file (if any) reads."""
+    if load_scales:
+        read_scales(args)
+
+
+def build(model: ResolvedModel, args: HFEngineArgs) -> HFEngine:
+    """Load `model` with transformers and wrap it as the `hf` engine."""
+    import torch
+
+    from evals.engines.hf.engine import HFEngine
+    from evals.models import load_model
+    from quant.errors import QuantError
+
+    scales = read_scales(args)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise EngineError(f"hf engine: device {args.device!r} requested but CUDA is not available; use device = 'cpu'")
+    hf_model, tokenizer = load_model(model, dtype=args.dtype, device=args.device,
+                                     trust_remote_code=args.trust_remote_code)
+    engine = HFEngine(hf_model, tokenizer, args, model.name, scales=scales)
+    if args.kv is not None:
+        try:  # fail at build time, not on the first sample, when the spec does not fit the model
+            engine.hf.new_cache()
+        except QuantError as exc:
+            raise EngineError(f"hf engine: {exc}") from None
+    return engine

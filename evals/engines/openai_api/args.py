@@ -1,0 +1,65 @@
+"""The `openai` engine's arguments (an arm's `engine_args`): parsed once, frozen, unknown keys are errors.
+
+Imports only pydantic: the spec layer validates arms with it without loading httpx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from evals.errors import EngineError
+from quant.validation import did_you_mean, first_error
+
+# Seconds as the spec wrote them: an int stays an int, so the arm's canonical JSON (its fingerprint in
+# arm.json) is what the user wrote, as it was before these arguments were typed.
+Seconds = Annotated[float | int, Field(gt=0)]
+
+
+class OpenAIArgs(BaseModel):
+    """Engine arguments of an `openai` arm; `base_url` is filled in by `qa run` for an arm with a server."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1; every request goes here and nowhere else
+    served_model: str | None = None  # the server's name for the model; None: the only one /models lists
+    api_key_env: str | None = None  # NAME of the environment variable holding the key (never the key)
+    concurrency: int = Field(default=4, ge=1, le=256)
+    timeout_s: Seconds = 120.0  # per request (read/write/pool); connect is min(10, this)
+    max_retries: int = Field(default=4, ge=0, le=20)  # extra attempts after the first
+    backoff_base_s: Seconds = 0.5  # first retry waits up to this, doubling each time
+    backoff_max_s: Seconds = 30.0
+    seed: int = 0  # seeds the backoff jitter
+    echo: bool | None = None  # None: probe the server once; False: it cannot echo (refuse scoring tasks)
+    tokenizer: str | None = None  # HF folder or id for local tokenisation; None: the arm's model
+
+
+def parse_openai_args(args: Mapping[str, object]) -> OpenAIArgs:
+    """Validate `openai` engine arguments; a bad key or value is a one-line EngineError with did-you-mean."""
+    try:
+        return OpenAIArgs.model_validate(dict(args))
+    except ValidationError as exc:
+        err = first_error(exc)
+        where = err.where_or("engine_args")
+        hint = f"; {did_you_mean(where, OpenAIArgs.model_fields)}" if err.type == "extra_forbidden" else ""
+        raise EngineError(f"openai engine argument {where}: {err.msg}{hint}") from None
+
+
+def validate_base_url(url: str | None) -> str:
+    """Check `url` is http(s)://host[:port][/path] without credentials, query or fragment; strip '/'."""
+    if not url:
+        raise EngineError("openai engine argument base_url: required (e.g. http://127.0.0.1:8000/v1)")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EngineError(f"base_url {url!r} must look like http://HOST:PORT/v1")
+    if parts.username or parts.password:
+        raise EngineError(
+            "base_url must not carry credentials; put the key in an environment variable "
+            "and name it with api_key_env"
+        )
+    if parts.query or parts.fragment:
+        raise EngineError(f"base_url {url!r} must not have a query or fragment")
+    return url.rstrip("/")

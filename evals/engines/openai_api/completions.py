@@ -1,0 +1,274 @@
+"""The `openai` engine's three request kinds over `/completions`.
+
+Generation is a plain completions call. Log-likelihood and teacher-forced token distributions use
+`echo` + `logprobs` on a prompt of token ids (tokenised locally with the model's tokenizer, split as
+lm-eval splits context and continuation) and read the prompt tokens' log-probabilities back, as
+lm-eval's `local-completions` does. A server that does not echo prompt log-probs (llama.cpp's server
+ignores `echo`) is detected by a probe and refused for those tasks with an EngineError, never
+answered with wrong numbers. A request that still fails after the client's retries is answered with
+`base.Failure(error)` in its slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import JsonValue
+
+from evals.engines import base
+from evals.engines.lmeval_tokens import PairTokenizer, encode_pair
+from evals.engines.openai_api.args import OpenAIArgs
+from evals.engines.openai_api.client import ApiClient, RequestRejected, RetriesExhausted, api_key_from_env
+from evals.engines.stops import cut_at_stop
+from evals.errors import EngineError
+from evals.models import ResolvedModel
+from evals.records import TokenLogprobs
+
+log = logging.getLogger(__name__)
+
+TOKEN_ID_PREFIX = "token_id:"  # vLLM's `return_tokens_as_token_ids` spelling of a token
+ECHO_PROBE_TEXT = "The quick brown fox jumps over the lazy dog"
+NO_ECHO_HINT = (
+    "log-likelihood and token-distribution tasks need a server that echoes prompt "
+    "log-probs (vLLM, SGLang); llama.cpp's server ignores echo: run generative tasks there"
+)
+
+
+@dataclass(frozen=True)
+class EchoedPrompt:
+    """The server's echo of one prompt: per position, the token key, its log-prob (None at 0) and
+    the top alternatives (token key -> log-prob)."""
+
+    tokens: list[str]
+    logprobs: list[float | None]
+    top: list[dict[str, float] | None]
+
+
+def token_id(key: str) -> int | None:
+    """The id in a `token_id:N` token key; None for a key that is text."""
+    return int(key[len(TOKEN_ID_PREFIX) :]) if key.startswith(TOKEN_ID_PREFIX) else None
+
+
+def parse_echo(choice: Mapping[str, Any], n_prompt: int) -> EchoedPrompt:
+    """The first `n_prompt` positions of an echoed choice; TypeError/ValueError if the server did not echo."""
+    lp = choice.get("logprobs")
+    if not isinstance(lp, Mapping) or not isinstance(lp.get("token_logprobs"), list):
+        raise TypeError("no echoed prompt log-probs in the response (logprobs.token_logprobs missing)")
+    tokens, logprobs, top = lp.get("tokens") or [], lp["token_logprobs"], lp.get("top_logprobs") or []
+    if len(tokens) < n_prompt or len(logprobs) < n_prompt or len(top) < n_prompt:
+        raise ValueError(f"the server echoed {len(logprobs)} positions for a {n_prompt}-token prompt")
+    return EchoedPrompt(tokens=list(tokens[:n_prompt]), logprobs=list(logprobs[:n_prompt]),
+                        top=list(top[:n_prompt]))
+
+
+def check_echo(echo: EchoedPrompt, ids: Sequence[int]) -> None:
+    """The echo must be our prompt, position for position, with no log-prob at position 0."""
+    for pos, (key, want) in enumerate(zip(echo.tokens, ids)):
+        got = token_id(key)
+        if got is not None and got != want:
+            raise ValueError(f"echoed token {got} at position {pos}, sent {want}")
+    if echo.logprobs[0] is not None:
+        raise ValueError(
+            "the first prompt token carries a log-prob: echoed log-probs look shifted by one "
+            "position (llama-cpp-python does this)"
+        )
+
+
+def echo_payload(prompts: list[list[int]], *, top: int) -> dict[str, JsonValue]:
+    """Score prompts of token ids: echo them with their log-probs and the `top` alternatives.
+    One token is generated (max_tokens 0 is not accepted everywhere) and ignored."""
+    return {
+        "prompt": prompts,  # type: ignore[dict-item]  # list[list[int]] is JSON
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "echo": True,
+        "logprobs": top,
+        "return_tokens_as_token_ids": True,
+    }
+
+
+class OpenAIEngine:
+    """Completions, log-likelihoods and token distributions from one OpenAI-compatible server."""
+
+    def __init__(self, model: ResolvedModel, args: OpenAIArgs, *, api_key: str | None = None,
+                 tokenizer: PairTokenizer | None = None) -> None:
+        self.args = args
+        self.client = ApiClient(args, api_key=api_key)
+        self.base_url = self.client.base_url
+        self._model = model
+        self._lock = threading.Lock()
+        self._tokenizer: Any = tokenizer  # loaded on first use: generation needs none
+        self._echo_ok: bool | None = args.echo
+        try:
+            self.served_model = args.served_model or self.client.served_model()
+        except BaseException:
+            self.client.close()
+            raise
+        self.info = base.EngineInfo(
+            name="openai",
+            model=self.served_model,
+            deterministic=False,
+            details={
+                "base_url": self.base_url,
+                "served_model": self.served_model,
+                "concurrency": str(args.concurrency),
+                "max_retries": str(args.max_retries),
+                "timeout_s": str(args.timeout_s),
+            },
+        )
+
+    def tokenizer(self) -> Any:
+        """The tokenizer prompts are tokenised with (`tokenizer`, else the arm's model), loaded once."""
+        with self._lock:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                source = self.args.tokenizer or self._model.load_id
+                offline = os.environ.get("HF_HUB_OFFLINE", "1") not in ("0", "false", "False")
+                try:
+                    self._tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+                except OSError as exc:
+                    raise EngineError(
+                        f"cannot load tokenizer {source!r} for prompt log-probs: "
+                        f"{str(exc).splitlines()[0]}; set tokenizer"
+                    ) from None
+            return self._tokenizer
+
+    def _completion(self, payload: Mapping[str, JsonValue], key: int) -> Mapping[str, Any]:
+        return self.client.completion(self.served_model, payload, key)
+
+    def _require_echo(self) -> None:
+        """Probe once whether the server echoes prompt log-probs with token ids; EngineError if not."""
+        if self._echo_ok is None:
+            ids = list(self.tokenizer().encode(ECHO_PROBE_TEXT))
+            try:
+                body = self._completion(echo_payload([ids], top=1), key=-1)
+                check_echo(parse_echo(body["choices"][0], len(ids)), ids)
+                self._echo_ok = True
+            except RetriesExhausted as exc:  # unreachable, not incapable: ask again later
+                raise EngineError(
+                    f"the echo probe to {self.base_url} failed ({exc}); is the server up?"
+                ) from None
+            except (RequestRejected, ValueError, KeyError, TypeError) as exc:  # rejected or ignored echo
+                log.warning("server at %s does not echo prompt log-probs: %s", self.base_url, exc)
+                self._echo_ok = False
+        if not self._echo_ok:
+            raise EngineError(f"the server at {self.base_url} does not echo prompt log-probs; {NO_ECHO_HINT}")
+
+    # -- the three request kinds -----------------------------------------------------------------
+
+    def generate(self, requests: list[base.GenerateRequest]) -> list[base.GenerateResult | base.Failure]:
+        """Completions for each request (stop strings cut the text, as lm-eval's `until` does)."""
+
+        def one(req: base.GenerateRequest, key: int) -> base.GenerateResult:
+            payload: dict[str, JsonValue] = {
+                "prompt": req.prompt,
+                "max_tokens": req.max_tokens,
+                "temperature": req.temperature,
+                "top_p": req.top_p,
+            }
+            if req.until:
+                payload["stop"] = list(req.until)
+            if req.seed is not None:
+                payload["seed"] = req.seed
+            body = self._completion(payload, key)
+            choice = body["choices"][0]
+            body_text = choice.get("text")
+            if not isinstance(body_text, str):
+                raise TypeError("the response choice has no text")
+            text = cut_at_stop(body_text, req.until)
+            usage = body.get("usage")
+            counted = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
+            if isinstance(counted, int):
+                tokens = counted
+            else:  # the server did not count: count the text as the model's tokenizer splits it
+                tokens = len(self.tokenizer().encode(text, add_special_tokens=False))
+            finish = "length" if choice.get("finish_reason") == "length" else "stop"
+            return base.GenerateResult(text=text, output_tokens=tokens, finish_reason=finish)
+
+        return self.client.map(one, requests)
+
+    def loglikelihood(self, requests: list[base.LoglikelihoodRequest]) -> list[base.LoglikelihoodResult | base.Failure]:
+        """Sum of continuation token log-probs per continuation (nats), and whether each is greedy."""
+        if not requests:
+            return []
+        self._require_echo()
+        tok = self.tokenizer()
+        # Tokenise here, on one thread: the pool only does I/O and parsing.
+        encoded = [[encode_pair(tok, context, c) for context, c in req.pairs()] for req in requests]
+
+        def one(pairs: list[tuple[list[int], list[int]]], key: int) -> base.LoglikelihoodResult:
+            prompts = [ctx + cont for ctx, cont in pairs]
+            body = self._completion(echo_payload(prompts, top=1), key)
+            choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
+            if len(choices) != len(prompts):
+                raise ValueError(f"{len(choices)} choices for {len(prompts)} continuations")
+            lls: list[float] = []
+            greedy: list[bool] = []
+            for (ctx, cont), ids, choice in zip(pairs, prompts, choices):
+                echo = parse_echo(choice, len(ids))
+                check_echo(echo, ids)
+                total, is_greedy = 0.0, bool(cont)
+                for pos in range(len(ctx), len(ids)):
+                    lp, top = echo.logprobs[pos], echo.top[pos]
+                    if lp is None or not top:
+                        raise ValueError(f"no log-prob for prompt position {pos}")
+                    total += float(lp)
+                    is_greedy = is_greedy and float(lp) >= max(top.values())
+                lls.append(total)
+                greedy.append(is_greedy)
+            return base.LoglikelihoodResult(loglikelihoods=tuple(lls), is_greedy=tuple(greedy))
+
+        return self.client.map(one, encoded)
+
+    def token_logprobs(self, requests: list[base.TokenLogprobsRequest]) -> list[TokenLogprobs | base.Failure]:
+        """Teacher-forced top-k next-token distributions over each text (first `max_tokens` tokens)."""
+        if not requests:
+            return []
+        self._require_echo()
+        tok = self.tokenizer()
+        encoded = [(list(tok.encode(req.text))[: req.max_tokens], req.top_k) for req in requests]
+
+        def one(job: tuple[list[int], int], key: int) -> TokenLogprobs:
+            ids, top_k = job
+            if len(ids) < 2:
+                raise ValueError("the text has fewer than 2 tokens: nothing to predict")
+            body = self._completion(echo_payload([ids], top=top_k), key)
+            echo = parse_echo(body["choices"][0], len(ids))
+            check_echo(echo, ids)
+            topk_ids: list[list[int]] = []
+            topk_lps: list[list[float]] = []
+            target_lps: list[float] = []
+            for pos in range(1, len(ids)):  # position pos-1 predicts token pos
+                lp, top = echo.logprobs[pos], echo.top[pos]
+                if lp is None or not top:
+                    raise ValueError(f"no log-probs for prompt position {pos}")
+                ranked = sorted(top.items(), key=lambda kv: kv[1], reverse=True)[:top_k]
+                keyed = [(token_id(k), v) for k, v in ranked]
+                if any(i is None for i, _ in keyed):
+                    raise EngineError(
+                        f"the server at {self.base_url} does not name tokens by id "
+                        "(return_tokens_as_token_ids); token-distribution tasks need vLLM"
+                    )
+                topk_ids.append([int(i) for i, _ in keyed if i is not None])
+                topk_lps.append([float(v) for _, v in keyed])
+                target_lps.append(float(lp))
+            return TokenLogprobs(
+                target_ids=ids[1:], target_logprobs=target_lps, topk_ids=topk_ids, topk_logprobs=topk_lps
+            )
+
+        return self.client.map(one, encoded)
+
+    def close(self) -> None:
+        """Stop the worker threads and close the connections."""
+        self.client.close()
+
+
+def build(model: ResolvedModel, args: OpenAIArgs) -> OpenAIEngine:
+    """The `openai` engine for `model` (the API key read from the variable `api_key_env` names)."""
+    return OpenAIEngine(model, args, api_key=api_key_from_env(args))

