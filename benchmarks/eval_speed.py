@@ -253,9 +253,9 @@ def throughput(engine: HFEngine, args: argparse.Namespace, rows: list[Row]) -> N
 _VLLM_SNIPPET = """
 import json, sys, time
 from vllm import LLM, SamplingParams
-from evals.engines.vllm_args import engine_kwargs
+from evals.engines.vllm_args import VllmEngineArgs, engine_kwargs
 prompts, m = json.load(sys.stdin), int(sys.argv[2])
-llm = LLM(model=sys.argv[1], dtype="float32", **engine_kwargs(sys.argv[1], {}, on_cpu=True))
+llm = LLM(model=sys.argv[1], dtype="float32", **engine_kwargs(sys.argv[1], VllmEngineArgs(), on_cpu=True))
 params = SamplingParams(max_tokens=m, temperature=0.0)
 llm.generate(prompts[:2], SamplingParams(max_tokens=4))
 t = time.perf_counter()

@@ -292,7 +292,7 @@ def arm_manifest(config: ArmConfig, model: ResolvedModel, tasks: Sequence[BuiltT
     identity = ArmIdentity(
         name=config.name, model=config.model, model_file_hash=model.file_hash, engine=config.engine,
         engine_args=_scales_by_name(args),  # type: ignore[arg-type]  # a dict stays a dict
-        engine_files=_file_hashes(canonical_json(config.engine_args.model_dump(exclude_unset=True))),
+        engine_files=_file_hashes(args),
         limit=config.limit, repeats=config.repeats, seed=config.seed, server=config.server,
     )
     entries = {task.name: task_entry(task, options, limit, repeats)

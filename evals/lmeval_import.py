@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from evals.errors import RecordError
-from evals.records import SampleRecord, sha256_text
+from evals.records import SampleRecord, first_non_finite, sha256_text
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +181,9 @@ def read_samples_file(path: Path, task: str, task_version: str, arm: str) -> lis
                 skipped.add(metric)
                 continue
             key = f"{metric},{filt}"
-            if not math.isfinite(value) and doc.error is None:
-                doc.error = f"non-finite score {value} for {key!r} ({path.name}:{lineno})"
+            problem = first_non_finite({key: value})
+            if problem is not None and doc.error is None:
+                doc.error = f"{problem} ({path.name}:{lineno})"
                 log.warning("%s: doc %s: %s; recorded as an errored sample", path, doc_id, doc.error)
             doc.scores[key] = value
         fr = line.get("filtered_resps") or []

@@ -6,7 +6,7 @@ flight. On resume, a torn last line (a write cut by a kill) is detected, dropped
 and truncated away; every complete line is kept and its (item id, repeat) is skipped.
 
 Scores are finite or None. A task score that is NaN or infinite makes its sample an errored one
-(`finite_scores` warns and raises; the runner records the error with no scores), and a records
+(`first_non_finite` names it; the runner records that error with no scores), and a records
 file holding a non-finite score is refused with a RecordError naming its file and line.
 """
 
@@ -35,26 +35,12 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-class NonFiniteScoreError(ValueError):
-    """A score is NaN or infinite: its sample is recorded as an error, never with that score."""
-
-
 def first_non_finite(scores: Mapping[str, float | None]) -> str | None:
     """The message "non-finite score <value> for '<key>'" for the first NaN/inf score, else None."""
     for key, value in scores.items():
         if value is not None and not math.isfinite(value):
             return f"non-finite score {value} for {key!r}"
     return None
-
-
-def finite_scores(scores: Mapping[str, float | None], where: str) -> dict[str, float | None]:
-    """A copy of `scores` when each is finite or None; else a warning naming `where` (the sample) and
-    NonFiniteScoreError, so the caller records the sample with that error and no scores."""
-    problem = first_non_finite(scores)
-    if problem is not None:
-        log.warning("%s: %s; recorded as an errored sample", where, problem)
-        raise NonFiniteScoreError(problem)
-    return dict(scores)
 
 
 class TokenLogprobs(BaseModel):

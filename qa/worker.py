@@ -58,18 +58,18 @@ def calibrate_candidate(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> Non
 
 def inspect_candidate(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> None:
     """Per-layer distortion of the candidate's emulated KV cache on WikiText-2 prompts -> kv_inspect.json."""
+    from evals.engines.hf import read_scales
     from evals.engines.hf.args import HFEngineArgs
     from evals.models import load_model, resolve_model
     from qa.arm_inputs import emulated_kv, resolved_engine_args
     from qa.calibration import load_prompts
     from quant.inspect import inspect_kv, save_inspect
-    from quant.scales import KVScales
 
     kv_spec = emulated_kv(spec, "candidate")
     args = resolved_engine_args(spec, "candidate", rd)
     if kv_spec is None or not isinstance(args, HFEngineArgs):
         raise SpecError("the candidate does not run the emulated KV cache: nothing to inspect")
-    scales = KVScales.load(args.scales) if kv_spec.scales == "static" and args.scales is not None else None
+    scales = read_scales(args) if kv_spec.scales == "static" else None
     model, tokenizer = load_model(resolve_model(spec.arm_model("candidate")), dtype=args.dtype, device=args.device,
                                   trust_remote_code=spec.trust_remote_code)
     _, prompts = load_prompts(tokenizer, "wikitext2", data_dir, INSPECT_PROMPTS, INSPECT_TOKENS, spec.seed)

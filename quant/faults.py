@@ -7,7 +7,8 @@ calibrated `scales_file`) are kept unless the preset sets them.
 Hooks: `fault_hooks(spec, layer, kind, format_name)` turns a spec's fault fields into the `FaultHooks`
 of one stream (K or V of one layer), or None for a clean stream. The stream stores through them:
 every decode scale goes through `scale`, every main-format chunk it writes through `written`
-(code corruption), and every chunk it reads back through `read` (a wrong block-scale layout).
+(code corruption), and every chunk it reads back through `read` (a wrong block-scale layout, on
+block-scaled formats only).
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ import torch
 
 from quant.errors import QuantError
 from quant.formats import QuantizedTensor
-from quant.kv_spec import CORRUPTIBLE_FORMATS, KVKind, KVQuantSpec, ScaleLayout, kv_spec_from_dict
+from quant.kv_spec import (
+    BLOCK_SCALED_FORMATS,
+    CORRUPTIBLE_FORMATS,
+    KVKind,
+    KVQuantSpec,
+    ScaleLayout,
+    kv_spec_from_dict,
+)
 from quant.validation import did_you_mean
 
 CORRUPT_BLOCK = 16  # elements per corrupted block: NVFP4's scale block along head_dim
@@ -96,7 +104,7 @@ class FaultHooks:
     def read(self, q: QuantizedTensor) -> QuantizedTensor:
         """A stored chunk as a reader with `scale_layout` sees it (block-scale bytes only)."""
         scales = q.data.get("scales")
-        if self.scale_layout == "linear" or scales is None or scales.dtype != torch.uint8:
+        if self.scale_layout == "linear" or q.format not in BLOCK_SCALED_FORMATS or scales is None:
             return q
         return replace(q, data={**q.data, "scales": _read_scales(scales, self.scale_layout)})
 
@@ -119,9 +127,12 @@ def _read_scales(scales: torch.Tensor, layout: ScaleLayout) -> torch.Tensor:
     return read.reshape(b, t, h, nb).permute(0, 2, 1, 3)  # [B, H, T, nb]
 
 
-def fault_hooks(spec: KVQuantSpec, layer: int, kind: KVKind, format_name: str) -> FaultHooks | None:
-    """The faults `spec` injects into K or V of `layer` stored in `format_name`; None when there are none."""
-    layout = spec.v_scale_layout if kind == "v" else "linear"
+def fault_hooks(spec: KVQuantSpec, layer: int, kind: KVKind, format_name: str,
+                recent_format: str | None = None) -> FaultHooks | None:
+    """The faults `spec` injects into K or V of `layer` stored in `format_name` (its recent window, if
+    any, in `recent_format`); None when there are none. The V scale layout reaches block-scaled formats only."""
+    block_scaled = {format_name, recent_format} & set(BLOCK_SCALED_FORMATS)
+    layout = spec.v_scale_layout if kind == "v" and block_scaled else "linear"
     corrupt = spec.corrupt_block_fraction if format_name in CORRUPTIBLE_FORMATS else 0.0
     if spec.scale_multiplier == 1.0 and layout == "linear" and corrupt == 0:
         return None

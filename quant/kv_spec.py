@@ -25,6 +25,13 @@ BLOCK_SCALED_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4")
 CORRUPTIBLE_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4", "int4", "int8")
 
 
+def _check_format(name: str) -> None:
+    """QuantError (with a did-you-mean) unless `name` is a known KV format."""
+    from quant.formats import get_format  # imports torch: only when a spec is validated
+
+    get_format(name)
+
+
 class KVQuantSpec(BaseModel):
     """How the emulated KV cache stores K and V; defaults: a dynamic-scale NVFP4 cache on every layer."""
 
@@ -56,9 +63,7 @@ class KVQuantSpec(BaseModel):
     @field_validator("format", "recent_format")
     @classmethod
     def _known_format(cls, name: str) -> str:
-        from quant.formats import get_format  # imports torch: only when a spec is validated
-
-        get_format(name)
+        _check_format(name)
         return name
 
     @field_validator("layer_formats")
@@ -67,9 +72,7 @@ class KVQuantSpec(BaseModel):
         for layer, name in formats.items():
             if layer < 0:
                 raise ValueError(f"layer_formats: layer index {layer} is negative")
-            from quant.formats import get_format
-
-            get_format(name)
+            _check_format(name)
         return formats
 
     @field_validator("skip_layers")

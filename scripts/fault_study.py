@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from quant.validation import did_you_mean
 from scripts.study_runs import AA_LARGE, ENGINES, FAULTS, REPORTS, run_engines, run_faults
 from scripts.study_tables import write_engine_summary, write_fault_table
 
@@ -61,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in ns.names.split(",") if n] if ns.names else list(FAULTS if ns.part == "faults" else ENGINES)
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"error: unknown {ns.part} name(s) {unknown}; choose from {', '.join(known)}")
+        print(f"error: unknown {ns.part} name {unknown[0]!r}; {did_you_mean(unknown[0], known, listing='choose from')}",
+              file=sys.stderr)
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     start = time.monotonic()
     if ns.part == "faults":

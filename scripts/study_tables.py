@@ -15,6 +15,7 @@ from qa.comparison import DistributionEstimate, Estimate
 from qa.gate.rules import noninferiority, sigma
 from qa.gate.verdict import TaskVerdict
 from qa.policy import TaskPolicy
+from qa.textfmt import pts
 from quant.fileio import atomic_write_text
 from scripts.study_published import Published, load_published
 from scripts.study_runs import AA, AA_LARGE, ENGINES, FAULTS, REFERENCE, ROOT
@@ -62,9 +63,7 @@ n to fail NI | n to fail 1.5-SE |
 
 
 def _pts(x: float | None, signed: bool = True) -> str:
-    if x is None or not math.isfinite(x):
-        return "-"
-    return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+    return pts(x, signed).removesuffix(" pts")  # the tables name the unit in their headers
 
 
 # -- extrapolations -----------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """EngineArgs: the argument model of any engine (one per engine, chosen by the arm's `engine`).
 
 Its own module so that importing `evals.engines` (the requests, the registry) loads none of the
-engines' argument modules: the hf one reads quant's KV formats, which import torch.
+engines' argument modules; importing this one loads the three models (pydantic only: no torch, vllm or
+httpx until a spec is validated).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, model_validator
 
 from evals.errors import EngineError
 from quant.validation import did_you_mean, first_error
@@ -30,6 +30,12 @@ class VllmEngineArgs(BaseModel):
     # run a KV dtype the attention backend cannot serve, under a loud warning (its numbers are no measurement)
     allow_unsupported_kv_cache_dtype: bool = False
 
+    @model_validator(mode="after")
+    def _no_model_flag(self) -> VllmEngineArgs:
+        if "model" in self.flags():
+            raise ValueError("engine_args.model: the model comes from the spec's model, not engine_args")
+        return self
+
     def flags(self) -> dict[str, VllmFlag]:
         """The vLLM EngineArgs flags as given (OWN_ARGS left out), in the order given."""
         return dict(self.__pydantic_extra__ or {})
@@ -37,21 +43,16 @@ class VllmEngineArgs(BaseModel):
 
 def parse_vllm_args(args: Mapping[str, object]) -> VllmEngineArgs:
     """Validate `vllm` engine arguments; a bad key or value is a one-line EngineError."""
-    if "model" in args:
-        raise EngineError("engine_args.model: the model comes from the spec's model, not engine_args")
     try:
         return VllmEngineArgs.model_validate(dict(args))
     except ValidationError as exc:
         err = first_error(exc)
-        raise EngineError(f"vllm engine argument {err.where_or('engine_args')}: {err.msg}") from None
+        raise EngineError(f"vllm engine argument {err.where}: {err.msg}" if err.where else err.msg) from None
 
 
 def check_flag_names(args: VllmEngineArgs, known: Sequence[str]) -> None:
-    """Every flag must be one of vLLM's EngineArgs fields (`known`) other than `model` (the arm's);
-    EngineError with a did-you-mean."""
+    """Every flag must be one of vLLM's EngineArgs fields (`known`); EngineError with a did-you-mean."""
     for key in args.flags():
-        if key == "model":
-            raise EngineError("engine_args.model: the model comes from the spec's model, not engine_args")
         if key not in known:
             hint = did_you_mean(key, [*known, *OWN_ARGS], listing="vLLM EngineArgs fields are accepted")
             raise EngineError(f"unknown vllm engine argument {key!r}; {hint}")
@@ -66,15 +67,10 @@ def world_size(flags: Mapping[str, VllmFlag]) -> int:
     return size
 
 
-def engine_kwargs(model: str, args: VllmEngineArgs | Mapping[str, object], *,
+def engine_kwargs(model: str, args: VllmEngineArgs, *,
                   on_cpu: bool | None = None) -> dict[str, VllmFlag]:
     """The keyword arguments `vllm.LLM` gets for an arm (besides the model), defaults written out;
-    needs no vllm (the pipeline's plan shows them). `on_cpu` None: CPU unless torch sees CUDA.
-    A mapping (a plan, a script) is parsed with `parse_vllm_args` first."""
-    if not isinstance(args, VllmEngineArgs):
-        if "model" in args:
-            raise EngineError(f"engine_args.model: the model ({model}) comes from the spec, not engine_args")
-        args = parse_vllm_args(args)
+    needs no vllm (the dry run shows them). `on_cpu` None: CPU unless torch sees CUDA."""
     if on_cpu is None:
         import torch
 

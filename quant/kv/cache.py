@@ -56,30 +56,25 @@ class QuantizedKVCache(RowOpsMixin, Cache):
         """Whether `pad_left`, `set_row`, `drop_oldest` and `stack` work (every layer full attention)."""
         return not any(layer.is_sliding for layer in self.layers)
 
-    def _rows(self) -> list[QuantizedKVLayer]:
-        """Every layer, once each has agreed to row operations (before any of them changes)."""
-        for layer in self.layers:
-            layer.require_rows()
-        return self.layers
-
     @classmethod
     def stack(cls, caches: list[QuantizedKVCache]) -> QuantizedKVCache:
         """One cache holding the sequences of `caches` (same spec and length), in order."""
         per_layer = zip(*(c._rows() for c in caches), strict=True)
-        return cls([QuantizedKVLayer.stack(list(layers)) for layers in per_layer], caches[0].spec)
+        return cls([QuantizedKVLayer.stack(list(layers)) for layers in per_layer],  # type: ignore[arg-type]
+                   caches[0].spec)
 
     def clone(self) -> QuantizedKVCache:
         """An independent copy (e.g. of a few-shot prefix) that shares no tensors; nothing is re-quantized."""
         return copy.deepcopy(self)
 
 
-def _check_format_fits(fmt: KVFormat, head_dim: int, layer: int) -> None:
+def _check_format_fits(fmt: KVFormat, head_dim: int, where: int | str) -> None:
+    """QuantError naming `where` (a layer index or "recent_format") unless fmt can store head_dim."""
     try:
         fmt.quantize(torch.ones(1, 1, 1, head_dim), None)
     except QuantError as exc:
-        raise QuantError(
-            f"layer {layer}: format {fmt.name!r} cannot store head_dim {head_dim}: {exc}"
-        ) from None
+        label = f"layer {where}" if isinstance(where, int) else where
+        raise QuantError(f"{label}: format {fmt.name!r} cannot store head_dim {head_dim}: {exc}") from None
 
 
 def _scale_for(
@@ -135,7 +130,7 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
     scales = _checked_scales(spec, scales, num_layers, shape.num_kv_heads)
     recent_fmt = get_format(spec.recent_format) if spec.recent_window else None
     if recent_fmt is not None:
-        _check_format_fits(recent_fmt, shape.head_dim, 0)
+        _check_format_fits(recent_fmt, shape.head_dim, "recent_format")
     layers: list[QuantizedKVLayer] = []
     for i, (layer_type, window) in enumerate(zip(shape.layer_types, shape.sliding_windows)):
         fmt = get_format(spec.layer_format(i))
@@ -152,13 +147,11 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
                 static_scale=_scale_for(spec, scales, fmt, i, kind),
                 recent_static_scale=_scale_for(spec, scales, layer_recent, i, kind) if layer_recent else None,
                 dynamic=spec.scales == "dynamic",
-                faults=fault_hooks(spec, i, kind, fmt.name),
+                faults=fault_hooks(spec, i, kind, fmt.name, layer_recent.name if layer_recent else None),
             )
             for kind in kinds
         )
         sliding = layer_type in SLIDING_LAYER_TYPES
-        if sliding and not window:
-            raise QuantError(f"layer {i} is {layer_type} but the config has no window size")
         layers.append(QuantizedKVLayer(
             k_plan, v_plan, prefill_reads_quantized=spec.prefill_reads_quantized,
             sliding_window=int(window) if sliding else None,  # type: ignore[arg-type]

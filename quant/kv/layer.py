@@ -3,7 +3,7 @@
 A layer is full attention (`sliding_window` None) or sliding-window (Gemma-3 local attention: it keeps
 the last `sliding_window - 1` tokens). The row operations (`pad_left`, `drop_oldest`, `set_row`,
 `stack`) right-align sequences prefilled one by one into a decode batch; they need full attention and
-`require_rows` refuses them for a sliding-window layer.
+`_require_rows` refuses them for a sliding-window layer (the cache checks all layers first).
 
 `prefill_reads_quantized=False` lets a multi-token write (a prefill chunk) attend to its own fresh K/V
 plus the quantized past; single-token decode steps always read the cache. K and V whose plans agree
@@ -24,7 +24,7 @@ from quant.formats import KVFormat, QuantizedTensor, quantize_dequantize
 from quant.kv.qtensor import scale_as_4d
 from quant.kv.rows import BatchOpsMixin
 from quant.kv.shape import ROWS_NEED_FULL_ATTENTION
-from quant.kv.stream import Stream, StreamPlan
+from quant.kv.stream import Stream, StreamPlan, window_split
 
 ScaleSlot = Literal["scale", "recent_scale"]  # which decode scale of a stream: main or recent format
 
@@ -163,9 +163,7 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
             return
         recent_fmt = k.plan.recent_fmt
         assert recent_fmt is not None
-        r = k.recent_len
-        overflow = max(0, r + n - window)
-        move = min(overflow, r)
+        move, direct = window_split(k.recent_len, n, window)
         if move:  # oldest recent tokens leave the window: re-quantize their stored values
             leaving = [s.take_oldest_recent(move) for s in (k, v)]
             data = {key: torch.stack([q.data[key] for q in leaving]) for key in leaving[0].data}
@@ -174,8 +172,7 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
             parts, new = self._quantize_pair(fmt, "scale", recent_fmt.dequantize(stacked, torch.float32))
             for i, s in enumerate((k, v)):
                 s.add_main_chunk(parts[i], new[i], from_recent=True)
-        direct = overflow - move  # new tokens already older than the window: straight to the main format
-        if direct:
+        if direct:  # new tokens already older than the window: straight to the main format
             parts, new = self._quantize_pair(fmt, "scale", x[..., :direct, :])
             k.add_main_chunk(parts[0], new[0])
             v.add_main_chunk(parts[1], new[1])
@@ -235,14 +232,14 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
         self._views()
 
     # ---- rows: sequences prefilled one by one, decoded as a right-aligned batch ----
-    def require_rows(self) -> None:
+    def _require_rows(self) -> None:
         """Raise QuantError unless the row operations are supported (full attention)."""
         if self.is_sliding:
             raise QuantError(ROWS_NEED_FULL_ATTENTION)
 
     def pad_left(self, n: int) -> None:
         """Put n zero tokens (masked by the caller) before every sequence's oldest token."""
-        self.require_rows()
+        self._require_rows()
         if n <= 0 or not self.is_initialized:
             return
         self.k.pad_left(n)
@@ -252,7 +249,7 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
 
     def drop_oldest(self, n: int) -> None:
         """Forget the n oldest token positions of every sequence (positions that are padding for all)."""
-        self.require_rows()
+        self._require_rows()
         if n <= 0 or not self.is_initialized:
             return
         self.k.drop_oldest(n)
@@ -262,17 +259,16 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
 
     def set_row(self, row: int, other: QuantizedKVLayer) -> None:
         """Overwrite sequence `row` with `other`'s single sequence of the same length."""
-        self.require_rows()
+        self._require_rows()
         self.k.set_row(row, other.k)
         self.v.set_row(row, other.v)
-        self._joint_scales = {}
         self._views()
 
     @classmethod
     def stack(cls, layers: list[QuantizedKVLayer]) -> QuantizedKVLayer:
         """One layer holding the sequences of `layers` (same plans and lengths), in order."""
         for layer in layers:
-            layer.require_rows()
+            layer._require_rows()
         first = layers[0]
         out = cls(first.k.plan, first.v.plan, first.prefill_reads_quantized)
         out.k = Stream.stack([layer.k for layer in layers])

@@ -17,10 +17,9 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
-from quant.errors import QuantError
 from quant.kv.buffer import KVBuffer
 from quant.kv.rows import BatchOpsMixin, RowOpsMixin
-from quant.kv.shape import ROWS_NEED_FULL_ATTENTION, SLIDING_LAYER_TYPES, model_kv_shape
+from quant.kv.shape import SLIDING_LAYER_TYPES, model_kv_shape
 
 
 class PlainKVLayer(BatchOpsMixin, DynamicLayer):
@@ -124,16 +123,11 @@ class PlainKVCache(RowOpsMixin, Cache):
         """Whether `pad_left`, `set_row`, `drop_oldest` and `stack` work (every layer full attention)."""
         return all(isinstance(layer, PlainKVLayer) for layer in self.layers)
 
-    def _rows(self) -> list[PlainKVLayer]:
-        if not self.supports_rows:
-            raise QuantError(ROWS_NEED_FULL_ATTENTION)
-        return self.layers  # type: ignore[return-value]
-
     @classmethod
     def stack(cls, caches: list[PlainKVCache]) -> PlainKVCache:
         """One cache holding the sequences of `caches` (same length), in order."""
         per_layer = zip(*(c._rows() for c in caches), strict=True)
-        return cls([PlainKVLayer.stack(list(layers)) for layers in per_layer])
+        return cls([PlainKVLayer.stack(list(layers)) for layers in per_layer])  # type: ignore[arg-type]
 
 
 def make_plain_cache(model_config: Any) -> PlainKVCache:

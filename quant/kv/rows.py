@@ -14,6 +14,9 @@ from typing import Any, Protocol
 
 import torch
 
+from quant.errors import QuantError
+from quant.kv.shape import ROWS_NEED_FULL_ATTENTION
+
 
 class RowLayer(Protocol):
     """A cache layer with row operations."""
@@ -48,8 +51,18 @@ class BatchOpsMixin:
 class RowOpsMixin:
     """Row operations of a whole cache, applied to every layer `_rows()` returns."""
 
-    def _rows(self) -> Sequence[RowLayer]:
+    layers: Sequence[Any]
+
+    @property
+    def supports_rows(self) -> bool:
+        """Whether `pad_left`, `set_row`, `drop_oldest` and `stack` work (every layer full attention)."""
         raise NotImplementedError
+
+    def _rows(self) -> Sequence[RowLayer]:
+        """Every layer, once the cache supports row operations; else QuantError before any layer changes."""
+        if not self.supports_rows:
+            raise QuantError(ROWS_NEED_FULL_ATTENTION)
+        return self.layers
 
     def pad_left(self, n: int) -> None:
         """Put n zero tokens before every sequence (right-aligning it with a longer batch)."""

@@ -52,6 +52,9 @@ def model_kv_shape(model_config: Any) -> ModelKVShape:
             f"model type {cfg.model_type!r} has layer types {bad}; the quantized KV cache supports "
             f"{', '.join(SUPPORTED_LAYER_TYPES)} layers only"
         )
+    missing = next((i for i, (t, w) in enumerate(zip(types, windows)) if t in SLIDING_LAYER_TYPES and not w), None)
+    if missing is not None:
+        raise QuantError(f"layer {missing} is {types[missing]} but the config has no window size")
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     return ModelKVShape(tuple(types), tuple(windows), int(kv_heads), int(head_dim))

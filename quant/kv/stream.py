@@ -40,6 +40,15 @@ from quant.kv_spec import KVKind
 CONSOLIDATE_CHUNKS = 64  # merge the main region's chunk list when it grows past this (amortized concat)
 
 
+def window_split(recent_len: int, n: int, window: int) -> tuple[int, int]:
+    """(move, direct) for writing n tokens after `recent_len` recent ones with a `window`-token window:
+    the oldest recent tokens that leave the window (re-quantized to the main format), then the new tokens
+    already older than the window (straight to the main format); the rest of the new tokens stay recent."""
+    overflow = max(0, recent_len + n - window)
+    move = min(overflow, recent_len)
+    return move, overflow - move
+
+
 @dataclass(frozen=True)
 class StreamPlan:
     """How K or V of one layer is stored."""
@@ -199,15 +208,12 @@ class Stream:
             if n or not self.allocated:
                 self._append_main(x)
             return
-        r = self.recent_len
-        overflow = max(0, r + n - window)
-        move = min(overflow, r)
+        move, direct = window_split(self.recent_len, n, window)
         if move:  # oldest recent tokens leave the window: re-quantize their stored values
             assert self.plan.recent_fmt is not None
             leaving = self.take_oldest_recent(move)
             self._append_main(self.dequantize(self.plan.recent_fmt, leaving, torch.float32), from_recent=True)
-        direct = overflow - move  # new tokens already older than the window: straight to the main format
-        if direct:
+        if direct:  # new tokens already older than the window: straight to the main format
             self._append_main(x[..., :direct, :].contiguous())
         if n - direct or not self.allocated:
             self._append_recent(x[..., direct:, :].contiguous())

@@ -14,10 +14,9 @@ from pydantic import ValidationError
 from evals.engines.base import EngineInfo, Failure, GenerateRequest, GenerateResult
 from evals.errors import RecordError
 from evals.records import (
-    NonFiniteScoreError,
     RecordWriter,
     SampleRecord,
-    finite_scores,
+    first_non_finite,
     read_records,
     sha256_text,
 )
@@ -136,11 +135,9 @@ def test_a_record_cannot_hold_a_non_finite_score(value):
     assert rec("a", score=None).scores == {"acc,none": None}  # None (no score) is fine
 
 
-def test_finite_scores_warns_and_raises(caplog):
-    assert finite_scores({"acc,none": 1.0, "x,none": None}, "arm/t item 'a'") == {"acc,none": 1.0, "x,none": None}
-    with caplog.at_level(logging.WARNING), pytest.raises(NonFiniteScoreError, match="non-finite score nan for 'b'"):
-        finite_scores({"a": 0.5, "b": float("nan")}, "arm/t item 'a' repeat 0")
-    assert "arm/t item 'a' repeat 0: non-finite score nan for 'b'" in caplog.text
+def test_first_non_finite_names_the_first_bad_score():
+    assert first_non_finite({"acc,none": 1.0, "x,none": None}) is None
+    assert first_non_finite({"a": 0.5, "b": float("nan"), "c": float("inf")}) == "non-finite score nan for 'b'"
 
 
 @dataclass(frozen=True)

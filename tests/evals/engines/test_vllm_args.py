@@ -37,7 +37,8 @@ def test_bad_flags_are_one_line_engine_errors() -> None:
 
 
 def test_engine_kwargs_write_the_defaults_out() -> None:
-    cpu = engine_kwargs("m", {"kv_cache_dtype": "fp8", "allow_unsupported_kv_cache_dtype": True}, on_cpu=True)
+    cpu = engine_kwargs("m", parse_vllm_args({"kv_cache_dtype": "fp8", "allow_unsupported_kv_cache_dtype": True}),
+                        on_cpu=True)
     assert cpu == {
         "kv_cache_dtype": "fp8",
         "seed": 0,
@@ -46,9 +47,10 @@ def test_engine_kwargs_write_the_defaults_out() -> None:
     }
     gpu = engine_kwargs("m", parse_vllm_args({"tensor_parallel_size": 2, "seed": 5}), on_cpu=False)
     assert gpu == {"tensor_parallel_size": 2, "seed": 5}  # vLLM's own GPU defaults stay vLLM's
-    assert "distributed_executor_backend" not in engine_kwargs("m", {"data_parallel_size": 2}, on_cpu=True)
-    with pytest.raises(EngineError, match="comes from the spec"):
-        engine_kwargs("m", {"model": "other"})
+    assert "distributed_executor_backend" not in engine_kwargs("m", parse_vllm_args({"data_parallel_size": 2}),
+                                                               on_cpu=True)
+    with pytest.raises(EngineError, match="engine_args.model: the model comes from the spec"):
+        parse_vllm_args({"model": "other"})
 
 
 def test_the_args_module_imports_neither_vllm_nor_torch() -> None:

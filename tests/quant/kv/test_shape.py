@@ -6,7 +6,10 @@ import pytest
 from transformers import LlamaConfig, T5Config
 
 from quant.errors import QuantError
+from quant.kv.cache import make_cache
+from quant.kv.plain import make_plain_cache
 from quant.kv.shape import model_kv_shape
+from quant.kv_spec import KVQuantSpec
 from tests.tiny_models import tiny_gemma3_config, tiny_llama_config
 
 
@@ -28,3 +31,11 @@ def test_encoder_decoder_and_unknown_layer_types_are_refused():
     hybrid.layer_types = ["full_attention", "linear_attention"]
     with pytest.raises(QuantError, match="linear_attention"):
         model_kv_shape(hybrid)
+
+
+def test_sliding_layers_without_a_window_size_are_refused_by_both_caches() -> None:
+    cfg = tiny_gemma3_config()
+    cfg.get_text_config(decoder=True).sliding_window = None
+    for build in (model_kv_shape, make_plain_cache, lambda c: make_cache(c, KVQuantSpec())):
+        with pytest.raises(QuantError, match="no window size"):
+            build(cfg)
