@@ -276,11 +276,28 @@ def given_engine_args(config: ArmConfig) -> dict[str, JsonValue]:
     return given
 
 
+LEGACY_OPTION_FIELDS = ("num_fewshot", "max_tokens", "temperature", "extra")  # what arm.json always held
+
+
+def options_identity(options: TaskOptions) -> JsonValue:
+    """The canonical JSON of task options as fingerprinted: the four fields arm.json always held (an
+    unset temperature as the 0.0 it used to default to) plus every later field that is not at its default,
+    so arms written before those fields existed still resume."""
+    full = canonical_json(options)
+    assert isinstance(full, dict)
+    defaults = canonical_json(TaskOptions())
+    assert isinstance(defaults, dict)
+    kept = {k: v for k, v in full.items() if k in LEGACY_OPTION_FIELDS or v != defaults.get(k)}
+    if kept.get("temperature") is None:
+        kept["temperature"] = 0.0
+    return kept
+
+
 def task_entry(task: Task, options: TaskOptions | None, limit: int | None = None,
                repeats: int | None = None) -> TaskEntry:
     """What identifies a task's configuration: name, version and options (or its dataclass fields),
     and its own limit / repeats when they override the arm's."""
-    config = canonical_json(options) if options is not None else canonical_json(task)
+    config = options_identity(options) if options is not None else canonical_json(task)
     entry = TaskEntry(name=task.name, version=task.version, config=config, limit=limit, repeats=repeats,
                       fingerprint="")
     return entry.model_copy(update={"fingerprint": digest(entry.identity())})

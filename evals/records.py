@@ -83,6 +83,8 @@ class SampleRecord(BaseModel):
     scores: dict[str, float | None] = Field(default_factory=dict)
     output_tokens: int | None = None
     finish_reason: str | None = None
+    reasoning: str | None = None  # the reasoning part of a generation (think tags / reasoning_content), not scored
+    truncated: bool | None = None  # generation hit max_tokens before its final answer (None: not a generation)
     error: str | None = None
     token_logprobs: TokenLogprobs | None = None
     meta: dict[str, str | int | float | bool | None] = Field(default_factory=dict)

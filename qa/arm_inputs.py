@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.hf.args import HFEngineArgs
-from evals.tasks.base import TaskOptions
+from evals.tasks.base import DEFAULT_THINK_TAGS, TaskOptions
 from qa.rundir import RunDir
-from qa.spec import ArmRole, RunSpec, TaskSpec
+from qa.spec import ArmRole, ChatSettings, RunSpec, TaskSpec
 from quant.kv_spec import KVQuantSpec
 
 
@@ -37,7 +39,19 @@ def emulated_kv(spec: RunSpec, role: ArmRole) -> KVQuantSpec | None:
     return None
 
 
-def task_options(t: TaskSpec) -> TaskOptions:
-    """The evals task options of one spec task."""
-    return TaskOptions(num_fewshot=t.num_fewshot, max_tokens=t.max_tokens, temperature=t.temperature,
-                       extra=dict(t.options))
+def task_options(t: TaskSpec, chat: ChatSettings | None = None) -> TaskOptions:
+    """The evals task options of one spec task; chat settings the task leaves unset come from `chat`
+    (the spec's [chat] table)."""
+    def pick(name: str) -> Any:
+        own = getattr(t, name)
+        return own if own is not None or chat is None else getattr(chat, name)
+
+    tags = pick("think_tags")
+    return TaskOptions(
+        num_fewshot=t.num_fewshot, max_tokens=t.max_tokens, temperature=t.temperature, top_p=t.top_p,
+        top_k=t.top_k, min_p=t.min_p, stop=tuple(t.stop) if t.stop is not None else None,
+        chat=bool(pick("chat")), system_prompt=pick("system_prompt"),
+        fewshot_as_multiturn=bool(pick("fewshot_as_multiturn")),
+        chat_template_kwargs=dict(pick("chat_template_kwargs") or {}),
+        think_tags=DEFAULT_THINK_TAGS if tags is None else (tuple(tags) if tags else None),  # type: ignore[arg-type]
+        extra=dict(t.options))

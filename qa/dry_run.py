@@ -44,7 +44,7 @@ def dry_run(spec: RunSpec, data_dir: Path | None, run_dir: Path | None = None) -
 
     tasks: list[PlannedTask] = []
     for t in spec.tasks:
-        n = len(get_task(t.name, task_options(t)).items(data_dir))
+        n = len(get_task(t.name, task_options(t, spec.chat)).items(data_dir))
         tasks.append(PlannedTask(t.name, n, min(n, t.limit) if t.limit else n, t.repeats))
     rd = RunDir(run_dir) if run_dir is not None else None
     out: list[PlannedArm] = []

@@ -36,15 +36,44 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class TaskSpec(_Frozen):
-    """One task of the run; `limit` items drawn as a seeded random subset shared by every arm."""
+ChatKwarg = str | int | float | bool
+
+
+class ChatSettings(_Frozen):
+    """How prompts are formatted for a chat/instruct/reasoning model (lm-eval's --apply_chat_template,
+    --system_instruction, --fewshot_as_multiturn, chat_template_args), for all tasks ([chat]) or one
+    task; unset keys fall back to [chat], then to plain (base-model) prompts."""
+
+    chat: bool | None = None
+    system_prompt: str | None = None
+    fewshot_as_multiturn: bool | None = None
+    chat_template_kwargs: dict[str, ChatKwarg] | None = None  # e.g. { enable_thinking = false }
+    think_tags: list[str] | None = None  # [start, end] of the reasoning part; [] turns the split off
+
+    @field_validator("think_tags")
+    @classmethod
+    def _pair(cls, tags: list[str] | None) -> list[str] | None:
+        if tags is not None and len(tags) not in (0, 2):
+            raise ValueError("think_tags takes [start, end] (e.g. [\"<think>\", \"</think>\"]) or [] for none")
+        if tags and not all(tags):
+            raise ValueError("think_tags must be non-empty strings")
+        return tags
+
+
+class TaskSpec(ChatSettings):
+    """One task of the run; `limit` items drawn as a seeded random subset shared by every arm.
+    Generation settings left unset take the task's own defaults (lm-eval's generation_kwargs)."""
 
     name: str
     limit: int | None = Field(default=None, ge=1)
     repeats: int = Field(default=1, ge=1)
     num_fewshot: int | None = Field(default=None, ge=0)
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=0.0, ge=0.0)
+    temperature: float | None = Field(default=None, ge=0.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    stop: list[str] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -103,6 +132,8 @@ class ArmSpec(_Frozen):
     server: ServerSpec | None = None  # openai arms: a local server `qa run` starts and stops
     lmeval_dir: str | None = None
     description: str = ""
+    env: dict[str, str] = Field(default_factory=dict)  # environment of the arm's process (and its server)
+    from_run: str | None = Field(default=None, alias="from")  # reuse this earlier run's baseline records
 
     @model_validator(mode="before")
     @classmethod
@@ -152,6 +183,7 @@ class RunSpec(_Frozen):
     policy: str = "default"
     trust_remote_code: bool = False
     calibration: CalibrationStep | None = None
+    chat: ChatSettings | None = None  # chat formatting defaults for every task
     arms: dict[ArmRole, ArmSpec]
     tasks: list[TaskSpec] = Field(default_factory=list)
     notes: str = ""

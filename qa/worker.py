@@ -29,7 +29,7 @@ def run_spec_arm(spec: RunSpec, rd: RunDir, role: str, data_dir: Path | None) ->
     from qa.arm_server import arm_server
 
     arm = spec.arms[role]  # type: ignore[index]
-    tasks = [ArmTask(t.name, task_options(t), t.limit, t.repeats) for t in spec.tasks]
+    tasks = [ArmTask(t.name, task_options(t, spec.chat), t.limit, t.repeats) for t in spec.tasks]
     with arm_server(spec, role, rd) as base_url:  # type: ignore[arg-type]
         args = resolved_engine_args(spec, role, rd, base_url=base_url)  # type: ignore[arg-type]
         config = ArmConfig(name=role, engine=arm.engine, model=spec.arm_model(role),  # type: ignore[arg-type]

@@ -15,17 +15,34 @@ from evals.records import TokenLogprobs
 
 
 @dataclass(frozen=True)
+class Message:
+    """One chat message ("system" | "user" | "assistant") as a chat endpoint receives it."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
 class GenerateRequest:
     """Generate from `prompt` until a stop string or `max_tokens`. `prefix` (optional) is a leading
-    part of `prompt` shared by many requests (the few-shot block) that an engine may cache."""
+    part of `prompt` shared by many requests (the few-shot block) that an engine may cache.
+
+    A chat request also carries `messages` (what a chat endpoint receives) and `chat_template_kwargs`;
+    its `prompt` is those messages rendered with the model's own chat template, the text every
+    text-prompt engine (hf, vllm, openai completions) tokenises. Sampling: `top_k` 0 and `min_p` 0
+    mean off; `seed` is the per-sample seed both arms share (set when sampling)."""
 
     prompt: str
     until: tuple[str, ...] = ()
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     prefix: str | None = None
+    messages: tuple[Message, ...] = ()
+    chat_template_kwargs: tuple[tuple[str, str | int | float | bool], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,9 +78,13 @@ class TokenLogprobsRequest:
 
 @dataclass(frozen=True)
 class GenerateResult:
+    """What an engine generated. `reasoning` is the reasoning part when the engine returned it
+    separately (a vLLM server's `reasoning_content`); `text` is the rest."""
+
     text: str
     output_tokens: int
     finish_reason: str  # "stop" (stop string or EOS) | "length"
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)

@@ -48,13 +48,27 @@ class Scored:
     target: str | None = None
 
 
+DEFAULT_THINK_TAGS = ("<think>", "</think>")
+
+
 @dataclass(frozen=True)
 class TaskOptions:
-    """Per-run options a task honours (validated by the spec layer)."""
+    """Per-run options a task honours (validated by the spec layer). Generation settings left None
+    take the task's defaults (lm-eval's `generation_kwargs`); chat settings follow lm-eval's
+    `--apply_chat_template`, `--system_instruction`, `--fewshot_as_multiturn` and chat_template_args."""
 
     num_fewshot: int | None = None  # None: the task's lm-eval default
     max_tokens: int | None = None  # None: the task's default generation budget
-    temperature: float = 0.0  # > 0: sampled decoding, seeded per repeat
+    temperature: float | None = None  # None: the task's default; > 0: sampled decoding, seeded per sample
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: tuple[str, ...] | None = None  # None: the task's stop strings
+    chat: bool = False  # render the prompt with the model's chat template
+    system_prompt: str | None = None
+    fewshot_as_multiturn: bool = False
+    chat_template_kwargs: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    think_tags: tuple[str, str] | None = DEFAULT_THINK_TAGS  # reasoning delimiters; None: no reasoning split
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 

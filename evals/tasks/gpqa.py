@@ -168,7 +168,7 @@ def _cot(subset: str) -> Callable[[str, TaskOptions], GpqaCotTask]:
             name=name,
             dataset=f"gpqa_{subset}",
             max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS,
-            temperature=options.temperature,
+            temperature=options.temperature or 0.0,
         )
 
     return make

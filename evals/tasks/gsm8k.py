@@ -111,5 +111,5 @@ def build(name: str, options: TaskOptions) -> Gsm8kTask:
     return Gsm8kTask(
         num_fewshot=resolve_fewshot(name, options, DEFAULT_FEWSHOT, "train"),
         max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS,
-        temperature=options.temperature,
+        temperature=options.temperature or 0.0,
     )

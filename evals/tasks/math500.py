@@ -139,5 +139,5 @@ def build(name: str, options: TaskOptions) -> Math500Task:
             f"{name}: num_fewshot {k}; lm-eval's Minerva prompt has {len(MINERVA_SHOTS)} examples"
         )
     return Math500Task(
-        num_fewshot=k, max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS, temperature=options.temperature
+        num_fewshot=k, max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS, temperature=options.temperature or 0.0
     )

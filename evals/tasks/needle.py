@@ -188,5 +188,5 @@ def build(name: str, options: TaskOptions) -> NeedleTask:
         distractors=int_option("needle", extra, "distractors", 0, 0),
         seed=int_option("needle", extra, "seed", DEFAULT_SEED, 0),
         max_tokens=options.max_tokens or DEFAULT_MAX_TOKENS,
-        temperature=options.temperature,
+        temperature=options.temperature or 0.0,
     )

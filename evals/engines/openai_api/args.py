@@ -6,7 +6,7 @@ Imports only pydantic: the spec layer validates arms with it without loading htt
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -25,6 +25,8 @@ class OpenAIArgs(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     base_url: str | None = None  # e.g. http://127.0.0.1:8000/v1; every request goes here and nowhere else
+    base_urls: tuple[str, ...] = ()  # several replicas of one deployment instead of base_url; requests spread over them
+    api: Literal["completions", "chat"] = "completions"  # generation endpoint: /completions or /chat/completions
     served_model: str | None = None  # the server's name for the model; None: the only one /models lists
     api_key_env: str | None = None  # NAME of the environment variable holding the key (never the key)
     concurrency: int = Field(default=4, ge=1, le=256)
