@@ -9,6 +9,10 @@ Sections (choose with --sections; all by default):
   is ours / lm-eval's wall time (targets: <= 1/3 on gsm8k, <= 1 on arc_easy).
 - math500 (generate, shared 4-shot Minerva prefix): the case prefix reuse is built for; lm-eval's
   gsm8k draws 5 different shots per item, so it has no shared prefix to reuse.
+- chat: gsm8k_cot_llama with the model's chat template and multi-turn shots (lm-eval's
+  --apply_chat_template --fewshot_as_multiturn), --chat-items items, --chat-max-tokens new tokens:
+  the same rendered prompts (checked: HFLM.apply_chat_template renders every item's messages to the
+  very prompt the hf engine runs) through both engines, timed side by side, outcomes compared.
 - nvfp4: the emulated NVFP4 KV-cache arm's wall time over the plain arm's on the same requests,
   the two timed alternately (target <= 1.15); for generation tasks at natural length and at a forced
   output length, since the quantized cache changes how many tokens an item generates. The candidate
@@ -19,7 +23,8 @@ Sections (choose with --sections; all by default):
   for vLLM-CPU and ~13 for plain transformers generate on its machine; goal: within 2x of vLLM).
 
 Usage: python benchmarks/eval_speed.py [--model smollm2-135m] [--data-dir DIR] [--threads N]
-       [--batch-size 16] [--arc-items 200] [--gsm8k-items 50] [--math-items 16] [--sections ...]
+       [--batch-size 16] [--arc-items 200] [--gsm8k-items 50] [--math-items 16] [--chat-items 16]
+       [--chat-max-tokens 128] [--sections ...]
        [--nvfp4-kv JSON] [--nvfp4-tasks arc_easy,gsm8k,math500] [--json out.json]
 """
 
@@ -47,7 +52,7 @@ from evals.sampling import select_items
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
 
-SECTIONS = ("arc_easy", "gsm8k", "math500", "nvfp4", "throughput")
+SECTIONS = ("arc_easy", "gsm8k", "math500", "chat", "nvfp4", "throughput")
 ISSUE_VLLM_CPU_TOK_S = 165.0  # reported in the issue for vLLM-CPU, 32 prompts x 128 tokens (not measured here)
 THROUGHPUT_PROMPTS = (
     "Write a long story about a lighthouse keeper who finds a message in a bottle.",
@@ -127,11 +132,21 @@ def warm_up(engine: HFEngine, lm: Any, requests: Sequence[Any]) -> None:
         (lmeval_generate if isinstance(few[0], GenerateRequest) else lmeval_loglikelihood)(lm, few)
 
 
+def same_chat_prompts(lm: Any, requests: Sequence[GenerateRequest]) -> int:
+    """How many chat requests lm-eval's HFLM.apply_chat_template renders to exactly the prompt we run."""
+    return sum(lm.apply_chat_template([{"role": m.role, "content": m.content} for m in r.messages],
+                                      add_generation_prompt=True) == r.prompt for r in requests)
+
+
 def compare_task(name: str, engine: HFEngine, lm: Any, n: int, data_dir: Any, options: TaskOptions,
-                 rows: list[Row]) -> None:
+                 rows: list[Row], model: str | None = None, section: str | None = None) -> None:
     """Time our engine and HFLM on the same items; count per-item outcome differences."""
-    task = get_task(name, options)
+    task = get_task(name, options, model)
     items, requests = task_requests(task, n, data_dir)
+    section = section or name
+    if options.chat:
+        same = same_chat_prompts(lm, requests)
+        rows.append(Row(section, f"{name}: lm-eval's apply_chat_template renders our prompt", f"{same}/{len(requests)}"))
     warm_up(engine, lm, requests)
     ours, t_ours = timed(lambda: run_engine(engine, requests))
     if isinstance(requests[0], GenerateRequest):
@@ -146,14 +161,14 @@ def compare_task(name: str, engine: HFEngine, lm: Any, n: int, data_dir: Any, op
     score_keys = sorted(task.score(items[0], ours[0]).scores)
     means = {k: sum(task.score(it, r).scores[k] or 0.0 for it, r in zip(items, ours, strict=True)) / len(items)
              for k in score_keys}
-    rows.append(Row(name, f"{len(items)} items: hf engine {t_ours:.1f}s, lm-eval HFLM {t_lm:.1f}s",
+    rows.append(Row(section, f"{len(items)} items: hf engine {t_ours:.1f}s, lm-eval HFLM {t_lm:.1f}s",
                     f"ratio {t_ours / t_lm:.3f}",
                     {"items": len(items), "ours_s": t_ours, "lmeval_s": t_lm, "ratio": t_ours / t_lm,
                      "outcome_differences": differ, "identical_texts": same_text, "scores": means}))
-    rows.append(Row(name, "per-item outcomes identical (greedy)",
+    rows.append(Row(section, "per-item outcomes identical (greedy)",
                     "yes" if not differ else f"NO: {len(differ)} differ ({', '.join(differ[:5])})"))
     if same_text is not None:
-        rows.append(Row(name, "identical completions", f"{same_text}/{len(items)}"))
+        rows.append(Row(section, "identical completions", f"{same_text}/{len(items)}"))
 
 
 def alternate(engines: Sequence[HFEngine], requests: Sequence[Any], rounds: int) -> list[tuple[list[Any], list[float]]]:
@@ -300,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     parser.add_argument("--gsm8k-items", type=int, default=50)
     parser.add_argument("--math-items", type=int, default=16)
     parser.add_argument("--math-max-tokens", type=int, default=128)
+    parser.add_argument("--chat-items", type=int, default=16, help="chat section: gsm8k_cot_llama items")
+    parser.add_argument("--chat-max-tokens", type=int, default=128, help="chat section: new tokens per item")
     parser.add_argument("--gen-prompts", type=int, default=32)
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--forced-items", type=int, default=16, help="nvfp4 section: generation prompts per task")
@@ -323,13 +340,17 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     engine = build(args.resolved, parse_args({"batch_size": args.batch_size}))
     rows: list[Row] = [Row("setup", "machine", f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, "
                                                f"batch size {args.batch_size}, model {args.model}")]
-    lm = make_lmeval(engine, args.batch_size) if {"arc_easy", "gsm8k", "math500"} & set(sections) else None
+    lm = make_lmeval(engine, args.batch_size) if {"arc_easy", "gsm8k", "math500", "chat"} & set(sections) else None
     for name, n, opts in (("arc_easy", args.arc_items, TaskOptions()),
                           ("gsm8k", args.gsm8k_items, TaskOptions()),
                           ("math500", args.math_items, TaskOptions(max_tokens=args.math_max_tokens))):
         if name in sections:
             compare_task(name, engine, lm, n, data_dir, opts, rows)
             print(*(f"{r.section:10s} {r.what:70s} {r.value}" for r in rows[-3:]), sep="\n", flush=True)
+    if "chat" in sections:
+        chat = TaskOptions(chat=True, fewshot_as_multiturn=True, max_tokens=args.chat_max_tokens)
+        compare_task("gsm8k_cot_llama", engine, lm, args.chat_items, data_dir, chat, rows, args.model, "chat")
+        print(*(f"{r.section:10s} {r.what:70s} {r.value}" for r in rows[-4:]), sep="\n", flush=True)
     if "nvfp4" in sections:
         nvfp4_ratio(args.resolved, args, data_dir, engine, rows)
     if "throughput" in sections:

@@ -34,7 +34,9 @@ from evals.engines import EngineName, args_model, build_engine, parse_engine_arg
 from evals.engines.args import EngineArgs
 from evals.errors import EvalError, RecordError
 from evals.models import ResolvedModel, resolve_model
+from evals.provenance import KVProvenance, engine_provenance
 from evals.runner import RunSummary, run_task
+from evals.server_log import server_log_path
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
 from quant.fileio import atomic_write_text, sha256_file
@@ -64,6 +66,7 @@ class ArmConfig(BaseModel):
     # A server started for this arm (`qa run`): its settings identify the arm; its base_url (a free port
     # chosen at each start) does not.
     server: dict[str, JsonValue] | None = None
+    env: dict[str, str] = Field(default_factory=dict)  # the arm's own variables (`qa run` sets them for it)
 
     @model_validator(mode="before")
     @classmethod
@@ -143,10 +146,13 @@ class ArmIdentity(BaseModel):
     repeats: int
     seed: int
     server: dict[str, JsonValue] | None = None
+    env: dict[str, str] = Field(default_factory=dict)  # secrets' values redacted (evals.env.redact_env)
 
     def canonical(self) -> dict[str, JsonValue]:
-        """The JSON the fingerprint is the digest of (`server` only when the arm has one)."""
-        return self.model_dump(mode="json", exclude={"server"} if self.server is None else set())
+        """The JSON the fingerprint is the digest of (`server` and `env` only when the arm has them, so
+        older arms keep their fingerprints)."""
+        left_out = ({"server"} if self.server is None else set()) | (set() if self.env else {"env"})
+        return self.model_dump(mode="json", exclude=left_out)
 
 
 class EngineSummary(BaseModel):
@@ -156,6 +162,16 @@ class EngineSummary(BaseModel):
 
     name: str
     deterministic: bool
+    kv: KVProvenance | None = None  # the KV cache and K/V scales the engine really ran with
+
+
+class ReusedFrom(BaseModel):
+    """Where an arm's records were copied from (evals.arm_reuse): not fingerprinted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_dir: str  # the earlier run directory, absolute
+    fingerprint: str  # that run's arm.json fingerprint (equal to this arm's: the copy was checked)
 
 
 class ArmManifest(BaseModel):
@@ -168,6 +184,7 @@ class ArmManifest(BaseModel):
     fingerprint: str
     tasks: dict[str, TaskEntry]
     engine_info: EngineSummary | None = None
+    reused_from: ReusedFrom | None = None
 
     @classmethod
     def load(cls, path: Path) -> Self:
@@ -198,7 +215,9 @@ class ArmManifest(BaseModel):
                       for name, entry in self.tasks.items()},
         }
         if self.engine_info is not None:
-            out["engine_info"] = self.engine_info.model_dump(mode="json")
+            out["engine_info"] = self.engine_info.model_dump(mode="json", exclude_none=True)
+        if self.reused_from is not None:
+            out["reused_from"] = self.reused_from.model_dump(mode="json")
         return out
 
     def save(self, path: Path) -> None:
@@ -305,12 +324,15 @@ def task_entry(task: Task, options: TaskOptions | None, limit: int | None = None
 
 def arm_manifest(config: ArmConfig, model: ResolvedModel, tasks: Sequence[BuiltTask]) -> ArmManifest:
     """The manifest for this configuration (without tasks already in an older manifest)."""
+    from evals.env import redact_env
+
     args = given_engine_args(config)
     identity = ArmIdentity(
         name=config.name, model=config.model, model_file_hash=model.file_hash, engine=config.engine,
         engine_args=_scales_by_name(args),  # type: ignore[arg-type]  # a dict stays a dict
         engine_files=_file_hashes(args),
         limit=config.limit, repeats=config.repeats, seed=config.seed, server=config.server,
+        env=redact_env(config.env),
     )
     entries = {task.name: task_entry(task, options, limit, repeats)
                for task, options, limit, repeats in tasks}
@@ -354,7 +376,7 @@ def run_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path, *
     if not tasks:
         raise EvalError("no tasks to run; name at least one task")
     built: list[BuiltTask] = [
-        (get_task(t.name, t.options), t.options, t.limit, t.repeats) if isinstance(t, ArmTask)
+        (get_task(t.name, t.options, config.model), t.options, t.limit, t.repeats) if isinstance(t, ArmTask)
         else (t, None, None, None) for t in tasks
     ]
     names = [t.name for t, *_ in built]
@@ -366,7 +388,9 @@ def run_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path, *
     # built before anything is written: engine arguments it refuses leave no folder behind that
     # would make the corrected command look like "another configuration"
     engine = build_engine(config.engine, model, config.engine_args)
-    info = EngineSummary(name=engine.info.name, deterministic=engine.info.deterministic)
+    log = server_log_path(out_dir, config.name) if config.server is not None else None
+    info = EngineSummary(name=engine.info.name, deterministic=engine.info.deterministic,
+                         kv=engine_provenance(engine, config.engine_args, log))
     arm_dir.mkdir(parents=True, exist_ok=True)
     manifest.model_copy(update={"engine_info": info}).save(arm_dir / ARM_FILE)
     summaries: list[RunSummary] = []

@@ -1,9 +1,10 @@
 """`env.json`: what produced a run (package versions, git sha, hardware, model and data hashes), as a
 versioned model.
 
-Secrets never enter it: no environment variable is recorded except the two offline switches
-(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE). Files written before `schema_version` existed have the same
-shape and load as version 1.
+Secrets never enter it: of this process's environment only the two offline switches
+(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE) are recorded, plus each arm's own `env` table with the value of
+every variable named like a secret (KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL, ...) written as
+"<redacted>". Files written before `schema_version` (or `arm_env`) existed load as version 1.
 """
 
 from __future__ import annotations
@@ -16,9 +17,16 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from evals.errors import RecordError
 from quant.fileio import atomic_write_text
@@ -56,6 +64,15 @@ class EnvInfo(BaseModel):
     model_hashes: dict[str, str | None]  # model name -> sha256 of its weights file (None: not resolved)
     data_hashes: dict[str, str]  # data file (relative to the data dir) -> sha256
     offline: dict[str, str | None] = Field(default_factory=dict)  # OFFLINE_VARS as the run saw them
+    arm_env: dict[str, dict[str, str]] = Field(default_factory=dict)  # arm -> its own env (redact_env)
+
+    @model_serializer(mode="wrap")
+    def _no_empty_arm_env(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # env.json files of runs without arm env keep the shape they always had
+        data: dict[str, Any] = handler(self)
+        if not data.get("arm_env"):
+            data.pop("arm_env", None)
+        return data
 
     @classmethod
     def load(cls, path: Path) -> Self:
@@ -74,6 +91,15 @@ class EnvInfo(BaseModel):
     def write(self, path: Path) -> None:
         """Write env.json atomically (sorted keys, two-space indent)."""
         atomic_write_text(path, json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+
+
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE")
+REDACTED = "<redacted>"
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """An arm's variables as written anywhere: a value whose name looks like a secret is REDACTED."""
+    return {k: REDACTED if any(m in k.upper() for m in SECRET_MARKERS) else v for k, v in env.items()}
 
 
 def _version(name: str) -> str | None:
@@ -123,8 +149,9 @@ def hardware() -> Hardware:
                     platform=platform.platform(), python=sys.version.split()[0])
 
 
-def collect_env(*, model_hashes: Mapping[str, str | None], data_hashes: Mapping[str, str]) -> EnvInfo:
-    """The env.json content for a run made here, now."""
+def collect_env(*, model_hashes: Mapping[str, str | None], data_hashes: Mapping[str, str],
+                arm_env: Mapping[str, Mapping[str, str]] | None = None) -> EnvInfo:
+    """The env.json content for a run made here, now (`arm_env`: each arm's own variables, redacted here)."""
     return EnvInfo(
         packages={p: v for p in PACKAGES if (v := _version(p)) is not None},
         git_sha=git_sha(),
@@ -132,4 +159,5 @@ def collect_env(*, model_hashes: Mapping[str, str | None], data_hashes: Mapping[
         model_hashes=dict(model_hashes),
         data_hashes=dict(data_hashes),
         offline={k: os.environ.get(k) for k in OFFLINE_VARS},
+        arm_env={arm: redact_env(env) for arm, env in (arm_env or {}).items() if env},
     )

@@ -76,7 +76,7 @@ class SampleRecord(BaseModel):
     prompt_hash: str
     target: str | None = None
     target_hash: str | None = None
-    completion: str | None = None
+    completion: str | None = None  # the generation's final answer (what was scored); its reasoning is `reasoning`
     choice_loglikelihoods: list[float] | None = None
     choice_is_greedy: list[bool] | None = None
     extracted: dict[str, str | None] = Field(default_factory=dict)

@@ -8,7 +8,9 @@ of every finished sample is recomputed and compared) and must all lie inside thi
 otherwise the run refuses with a RecordError before it writes anything.
 
 A sample that fails (the engine answered base.Failure, or scoring raised) is recorded with its error and
-no scores; it is never dropped and never scored as wrong.
+no scores; it is never dropped and never scored as wrong. A generation is split into reasoning and
+answer at the task's think tags (evals.reasoning); only the answer is scored, and a sample that hit
+max_tokens before its answer is recorded as truncated (its score is kept as the task scores it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
@@ -33,6 +35,7 @@ from rich.text import Text
 from evals.engines import base
 from evals.engines.base import Engine
 from evals.errors import EngineError, EvalError, RecordError
+from evals.reasoning import Split, is_truncated, split_reasoning, think_tags
 from evals.records import (
     RecordWriter,
     SampleRecord,
@@ -42,7 +45,7 @@ from evals.records import (
     sha256_text,
 )
 from evals.sampling import sample_seed, select_items
-from evals.tasks.base import Item, Request, Result, Task
+from evals.tasks.base import REPEAT_SCORER, Item, Request, Result, Task
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +133,16 @@ def _build_samples(task: Task, items: Sequence[Item], repeats: int, seed: int) -
     return samples
 
 
-def _check_existing(path: Path, task: Task, arm: str, samples: Sequence[_Sample]) -> None:
+RESUME_RECORDS_HINT = "write this run into a new output folder (or delete the old records)"
+
+
+def _check_existing(path: Path, task: Task, arm: str, samples: Sequence[_Sample],
+                    hint: str = RESUME_RECORDS_HINT) -> None:
     """Refuse to resume into records made by another task, arm, version, prompt or selection."""
     existing = read_records(path)
     if not existing:
         return
     by_key = {(s.item.item_id, s.repeat): s for s in samples}
-    hint = "write this run into a new output folder (or delete the old records)"
     for rec in existing:
         if rec.task != task.name or rec.arm != arm:
             raise RecordError(f"{path}: holds records of task {rec.task!r} arm {rec.arm!r}, not {task.name!r} "
@@ -167,13 +173,19 @@ def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Res
 
 
 def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure | None, error: str | None) -> SampleRecord:
-    """The SampleRecord of one finished sample; a failed one has its error and no scores."""
+    """The SampleRecord of one finished sample; a failed one has its error and no scores. A generation
+    is split into reasoning and answer (evals.reasoning); only the answer is scored."""
     meta: dict[str, str | int | float | bool | None] = {}
     if isinstance(sample.request, base.GenerateRequest) and sample.request.temperature > 0:
         meta["sample_seed"] = sample.seed
     fields: dict = {}
+    split: Split | None = None
     if isinstance(result, base.GenerateResult):
-        fields = {"completion": result.text, "output_tokens": result.output_tokens,
+        prompt = sample.request.prompt if isinstance(sample.request, base.GenerateRequest) else ""
+        split = split_reasoning(result.text, think_tags(task), prompt=prompt, server_reasoning=result.reasoning)
+        # only the final answer is scored; the reasoning is recorded beside it
+        result = replace(result, text=split.answer, reasoning=split.reasoning)
+        fields = {"completion": split.answer, "reasoning": split.reasoning, "output_tokens": result.output_tokens,
                   "finish_reason": result.finish_reason}
     elif isinstance(result, base.LoglikelihoodResult):
         fields = {"choice_loglikelihoods": list(result.loglikelihoods), "choice_is_greedy": list(result.is_greedy)}
@@ -186,8 +198,11 @@ def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure
     target: str | None = None
     if error is None and result is not None:
         try:
-            scored = task.score(sample.item, result)  # type: ignore[arg-type]
+            by_repeat = getattr(task, REPEAT_SCORER, None)  # a task whose prompt depends on the repeat
+            scored = (by_repeat(sample.item, result, sample.repeat) if by_repeat is not None
+                      else task.score(sample.item, result))  # type: ignore[arg-type]
             scores, extracted, target = dict(scored.scores), dict(scored.extracted), scored.target
+            meta.update(scored.meta)
         except Exception as exc:  # noqa: BLE001 - recorded as this sample's error
             error = f"score: {type(exc).__name__}: {exc}"
         else:
@@ -198,12 +213,24 @@ def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure
                 error = f"score: {problem}"
     if error is not None:
         scores, extracted = {}, {}
+    elif split is not None and isinstance(result, base.GenerateResult):
+        fields["truncated"] = is_truncated(result.finish_reason, split, extracted)
     return SampleRecord(
         task=task.name, task_version=task.version, arm=arm, item_id=sample.item.item_id, repeat=sample.repeat,
         cluster=sample.item.cluster, prompt_hash=sample.prompt_hash, target=target,
         target_hash=sha256_text(target) if target is not None else None, extracted=extracted, scores=scores,
         error=error, meta=meta, **fields,
     )
+
+
+def missing_samples(task: Task, *, arm: str, path: Path, limit: int | None = None, repeats: int = 1, seed: int = 0,
+                    data_dir: Path | None = None, hint: str = RESUME_RECORDS_HINT) -> int:
+    """Check the records in `path` against this selection and its recomputed prompts, as a resumed
+    `run_task` does (RecordError naming the first mismatch, ending with `hint`); the samples not on disk."""
+    samples = _build_samples(task, select_items(task.items(data_dir), limit, seed), repeats, seed)
+    _check_existing(path, task, arm, samples, hint)
+    done = {r.key for r in read_records(path)}
+    return sum((s.item.item_id, s.repeat) not in done for s in samples)
 
 
 def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int | None = None, repeats: int = 1,

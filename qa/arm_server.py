@@ -9,13 +9,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from evals.engines.vllm_args import GIB
 from qa.rundir import RunDir
 from qa.spec import ArmRole, RunSpec, ServerSpec
 
 
-def server_spec(spec: RunSpec, role: ArmRole) -> Any:  # -> LlamaCppServerSpec | VllmServerSpec
-    """The evals.servers spec of an arm's `server` table (model files resolved, nothing started)."""
+def server_spec(spec: RunSpec, role: ArmRole, *, python: str | None = None,
+                hub_ok: bool = False) -> Any:  # -> LlamaCppServerSpec | VllmServerSpec
+    """The evals.servers spec of an arm's `server` table (model files resolved, nothing started; a vLLM
+    server run by `python`, default evals.servers.vllm_python(); `hub_ok`: a hub id stands for its
+    folder, as the dry run shows a GPU spec); the arm's `env` is the server's."""
     from evals.errors import ModelError
     from evals.models import gguf_file, resolve_model
     from evals.servers import LlamaCppServerSpec, VllmServerSpec, check_cache_type
@@ -32,14 +34,20 @@ def server_spec(spec: RunSpec, role: ArmRole) -> Any:  # -> LlamaCppServerSpec |
             gguf=gguf, cache_type_k=check_cache_type(server.cache_type_k),
             cache_type_v=check_cache_type(server.cache_type_v), flash_attn=server.flash_attn,
             rotate_kv=server.rotate_kv, n_ctx=server.n_ctx, n_parallel=server.n_parallel, threads=server.threads,
+            env=dict(spec.arms[role].env),
         )
-    resolved = resolve_model(model)
-    if resolved.path is None:
+    try:
+        folder = resolve_model(model).path
+    except ModelError:
+        if not (hub_ok and "/" in model):  # a GPU spec's hub id need not be on this machine
+            raise
+        folder = None
+    if folder is None and not hub_ok:
         raise ModelError(f"arm {role}: a vllm server needs a local model folder; {model!r} is a hub id")
     from evals.servers import vllm_python
 
-    return VllmServerSpec(model=resolved.path, engine_args=dict(server.args), python=vllm_python(),
-                          kv_cache_memory_bytes=int(server.kv_cache_memory_gib * GIB))
+    return VllmServerSpec(model=folder or Path(model), args=dict(server.args), python=python or vllm_python(),
+                          env=dict(spec.arms[role].env))
 
 
 @contextmanager

@@ -167,6 +167,34 @@ class Estimate(_Frozen):
     notes: list[str] = Field(default_factory=list)  # about the method, never about a decision
 
 
+class ArmGeneration(_Frozen):
+    """One arm's generation lengths on one task, over the (item, repeat) samples paired with the
+    other arm. The truncation interval is Wilson's; with repeats or cluster keys it is Wilson's on
+    the effective sample size p (1 - p) / SE_CR1^2 (the number of clusters when p is 0 or 1)."""
+
+    n_samples: int  # samples whose truncation is recorded in both arms
+    truncated: int  # of those, samples that reached max_tokens before their final answer
+    truncation_rate: float | None = None  # truncated / n_samples (None: n_samples = 0)
+    truncation_ci95: Interval | None = None
+    n_output_tokens: int = 0  # samples whose output token count is recorded in both arms
+    mean_output_tokens: float | None = None  # per sample, over those
+
+
+class GenerationEstimate(_Frozen):
+    """Truncation and output length of one generative task: per arm, and paired (delta = candidate -
+    baseline per item, repeats averaged first, by the accuracy machinery). `truncation` is the change
+    in the truncation rate (metric "truncated": 1 per truncated sample; positive = the candidate runs
+    out of budget more often); `output_tokens` the change in mean output tokens per sample. None: not
+    recorded (records written before truncation was recorded, or the engine gives no token count)."""
+
+    task: str
+    n_unrecorded: int  # (item, repeat) samples whose truncation is missing in either arm
+    baseline: ArmGeneration
+    candidate: ArmGeneration
+    truncation: Estimate | None = None
+    output_tokens: Estimate | None = None
+
+
 class ChunkValue(_Frozen):
     """One text chunk's value of a distribution statistic (token-weighted within the chunk)."""
 
@@ -221,7 +249,12 @@ class Comparison(_Frozen):
     settings: StatsSettings = Field(default_factory=StatsSettings)
     estimates: list[Estimate] = Field(default_factory=list)
     distribution: list[DistributionEstimate] = Field(default_factory=list)
+    generation: list[GenerationEstimate] = Field(default_factory=list)  # generative tasks: truncation, length
     notes: list[str] = Field(default_factory=list)
+
+    def generation_for(self, task: str) -> GenerationEstimate | None:
+        """The task's truncation and output-length estimate, None when not recorded."""
+        return next((g for g in self.generation if g.task == task), None)
 
     def estimate(self, task: str, metric: str, filter: str) -> Estimate:
         """The estimate for one (task, metric, filter); QAError naming what exists otherwise."""

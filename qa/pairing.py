@@ -1,5 +1,6 @@
 """Pair baseline and candidate records: join on (task, item id, repeat), refuse mismatched arms,
-and reduce each (task, metric, filter) to per-item means (repeats averaged before differencing).
+and reduce each (task, metric, filter) to per-item means (repeats averaged before differencing); the
+per-sample generation fields (truncated, output_tokens) are reduced the same way.
 
 Refusals are one-line `PairingError`s naming counts and a few ids: tasks present in one arm only,
 item/repeat sets that differ, prompt, target or task-version mismatches, duplicate samples.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -19,6 +21,7 @@ from evals.records import SampleRecord
 from qa.errors import PairingError
 
 _SHOW = 3  # ids named in an error message
+GenerationField = Literal["truncated", "output_tokens"]  # per-sample fields compared like scores
 
 
 @dataclass(frozen=True)
@@ -145,10 +148,29 @@ def score_keys(pt: PairedTask) -> list[str]:
 def paired_metric(pt: PairedTask, key: str) -> PairedMetric:
     """Reduce one "metric,filter" of a paired task to per-item means (repeats averaged first)."""
     metric, filt = split_key(key)
+    return _reduce(pt, metric, filt, [r.scores.get(key) for r in pt.baseline],
+                   [r.scores.get(key) for r in pt.candidate], generative=True)
+
+
+def _field(r: SampleRecord, name: GenerationField) -> float | None:
+    value = r.truncated if name == "truncated" else r.output_tokens
+    return None if value is None else float(value)
+
+
+def paired_generation(pt: PairedTask, name: GenerationField) -> PairedMetric:
+    """One per-sample generation field reduced like a score (metric `name`, filter "none"):
+    "truncated" is 1.0 for a sample that reached max_tokens before its final answer, 0.0 for a
+    finished one; "output_tokens" is the token count. A sample where either arm did not record it
+    is dropped from both and counted in that arm's n_errors (here: not recorded)."""
+    return _reduce(pt, name, "none", [_field(r, name) for r in pt.baseline],
+                   [_field(r, name) for r in pt.candidate], generative=False)
+
+
+def _reduce(pt: PairedTask, metric: str, filt: str, values_b: list[float | None], values_c: list[float | None],
+            generative: bool) -> PairedMetric:
     err_b = err_c = 0
     kept: list[int] = []  # indices into pt.baseline / pt.candidate
-    for i, (rb, rc) in enumerate(zip(pt.baseline, pt.candidate, strict=True)):
-        sb, sc = rb.scores.get(key), rc.scores.get(key)
+    for i, (sb, sc) in enumerate(zip(values_b, values_c, strict=True)):
         err_b += sb is None
         err_c += sc is None
         if sb is not None and sc is not None:
@@ -159,8 +181,8 @@ def paired_metric(pt: PairedTask, key: str) -> PairedMetric:
         order.setdefault(pt.baseline[i].item_id, len(order))
     n, m = len(order), len(kept)
     pair_item = np.fromiter((order[pt.baseline[i].item_id] for i in kept), dtype=np.int64, count=m)
-    pair_base = np.fromiter((pt.baseline[i].scores[key] for i in kept), dtype=np.float64, count=m)
-    pair_cand = np.fromiter((pt.candidate[i].scores[key] for i in kept), dtype=np.float64, count=m)
+    pair_base = np.fromiter((values_b[i] for i in kept), dtype=np.float64, count=m)
+    pair_cand = np.fromiter((values_c[i] for i in kept), dtype=np.float64, count=m)
     repeats = np.bincount(pair_item, minlength=n)
     base = np.bincount(pair_item, weights=pair_base, minlength=n) / np.maximum(repeats, 1)
     cand = np.bincount(pair_item, weights=pair_cand, minlength=n) / np.maximum(repeats, 1)
@@ -168,9 +190,8 @@ def paired_metric(pt: PairedTask, key: str) -> PairedMetric:
     for i in kept:
         r = pt.baseline[i]
         clusters[order[r.item_id]] = r.cluster if r.cluster is not None else f"item:{r.item_id}"
-    generative = any(pt.baseline[i].completion is not None for i in kept)
     extracted_same = completion_same = None
-    if generative:
+    if generative and any(pt.baseline[i].completion is not None for i in kept):
         extracted_same = np.array(
             [pt.baseline[i].extracted.get(filt) == pt.candidate[i].extracted.get(filt) for i in kept], dtype=bool
         )

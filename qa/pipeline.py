@@ -1,5 +1,8 @@
 """`qa run`, step by step: preflight -> env.json -> calibrate (if asked) -> each arm in its own
-process -> KV inspection (emulated-cache candidates) -> compare -> gate -> report.
+process (a baseline with `from` is copied from the earlier run instead, when it matches) -> KV
+inspection (emulated-cache candidates) -> compare -> gate -> report, once per candidate: at the run
+root for a run whose one candidate is named "candidate", else in candidates/<name>/ plus the
+run-level verdict.json, junit.xml, summary.md and matrix report (qa.api.gate_candidates).
 
 Stages talk through the run directory only (`qa.rundir.RunDir`): an arm process writes
 records/<arm>/*.jsonl, compare reads them and writes comparison.json, the gate writes verdict.json,
@@ -11,11 +14,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.arm import ArmManifest
+from evals.arm_reuse import copy_reused
 from evals.errors import EvalError
 from qa.arm_inputs import emulated_kv, resolved_engine_args
 from qa.comparison import Comparison, StatsSettings
 from qa.errors import SpecError
-from qa.gate.verdict import Verdict
+from qa.gate.verdict import RunVerdict, Verdict
 from qa.processes import calibrate_step, kv_inspect_step, run_arm_process
 from qa.rundir import RunDir, prepare_run_dir
 from qa.spec import ArmRole, RunSpec
@@ -51,7 +56,8 @@ def write_env_json(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> None:
         data = data_file_hashes([t.name for t in spec.tasks], data_dir) if data_dir is not None else {}
     except EvalError:
         data = {}
-    collect_env(model_hashes=models, data_hashes=data).write(rd.env)
+    collect_env(model_hashes=models, data_hashes=data,
+                arm_env={role: arm.env for role, arm in spec.arms.items()}).write(rd.env)
 
 
 def preflight(spec: RunSpec, rd: RunDir, data_dir: Path | None, spec_dir: Path | None) -> None:
@@ -65,7 +71,7 @@ def preflight(spec: RunSpec, rd: RunDir, data_dir: Path | None, spec_dir: Path |
     from quant.scales import scales_paths
 
     resolve_policy(spec.policy, spec_dir)
-    dry_run(spec, data_dir, rd.root)  # every task by name, its data files read
+    dry_run(spec, data_dir, rd.root, require_vllm=True)  # every task and its data; vLLM arms checked by vLLM
     if spec.calibration is not None:
         get_format(spec.calibration.format)
     for role, arm in spec.arms.items():
@@ -84,41 +90,69 @@ def preflight(spec: RunSpec, rd: RunDir, data_dir: Path | None, spec_dir: Path |
             check_args(args, load_scales=not pending)  # the calibration step writes pending scales
 
 
-def compare_step(spec: RunSpec, rd: RunDir) -> Comparison:
-    """Pair the arms' records and write comparison.json."""
+def candidate_dir(spec: RunSpec, rd: RunDir, name: str) -> RunDir:
+    """Where a candidate's comparison, verdict and report go: the run root, or candidates/<name>/."""
+    return rd.candidate(name) if spec.per_candidate_dirs else rd
+
+
+def compare_step(spec: RunSpec, rd: RunDir, name: str = "candidate") -> Comparison:
+    """Pair the baseline's and one candidate's records (the rerun as the floor) and write comparison.json."""
     from qa.api import compare
 
     rerun = arm_source(spec, "rerun", rd) if "rerun" in spec.arms else None
-    return compare(arm_source(spec, "baseline", rd), arm_source(spec, "candidate", rd), rd.root,
+    return compare(arm_source(spec, "baseline", rd), arm_source(spec, name, rd), candidate_dir(spec, rd, name).root,
                    StatsSettings(seed=spec.seed), rerun=rerun)
 
 
-def gate_and_report(spec: RunSpec, rd: RunDir, spec_dir: Path | None) -> Verdict:
-    """Gate comparison.json under the spec's policy (verdict.json), then write the reports."""
-    from qa.api import gate, report
+def gate_and_report(spec: RunSpec, rd: RunDir, spec_dir: Path | None) -> Verdict | RunVerdict:
+    """Gate each candidate's comparison.json under the spec's policy (verdict.json), then write the
+    reports; a several-candidate run also gets its run-level verdict and matrix report."""
+    from qa.api import gate, gate_candidates, report, report_candidates
     from qa.policy import resolve_policy
 
     policy = resolve_policy(spec.policy, spec_dir)
-    verdict = gate(rd.root, policy)
-    report(rd.root)
-    return verdict
+    if not spec.per_candidate_dirs:
+        verdict = gate(rd.root, policy)
+        report(rd.root)
+        return verdict
+    run_verdict, _ = gate_candidates(rd.root, policy)
+    report_candidates(rd.root)
+    return run_verdict
 
 
-def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path | None) -> Verdict:
+def check_reused_baseline(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> ArmManifest | None:
+    """For a baseline with `from` (an earlier run directory, relative to the working directory): the
+    checked manifest of its records to copy (evals.arm_reuse; RecordError naming the first mismatch),
+    else None. Writes nothing."""
+    from evals.arm_reuse import check_reuse
+    from qa.arm_inputs import arm_config, arm_tasks
+
+    source = spec.arms["baseline"].from_run
+    if source is None:
+        return None
+    return check_reuse(arm_config(spec, "baseline", rd, data_dir), arm_tasks(spec), Path(source))
+
+
+def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path | None) -> Verdict | RunVerdict:
     """The whole pipeline into `run_dir` (resuming a run of the same spec)."""
     if not spec.tasks and any(a.engine != "lmeval" for a in spec.arms.values()):
         raise SpecError("the spec names no tasks")
     rd = prepare_run_dir(spec, run_dir, check_only=True)
     preflight(spec, rd, data_dir, spec_dir)
+    reused = check_reused_baseline(spec, rd, data_dir)  # refused before anything is written
     prepare_run_dir(spec, run_dir)
     if not rd.env.exists():
         write_env_json(spec, rd, data_dir)
     if spec.calibration is not None:
         calibrate_step(run_dir, data_dir)
+    if reused is not None:
+        copy_reused(reused, rd.root)  # no baseline engine starts; a resumed run checks and copies again
     for role, arm in spec.arms.items():
-        if arm.engine != "lmeval":
+        if arm.engine != "lmeval" and not (reused is not None and role == "baseline"):
             run_arm_process(run_dir, role, spec, data_dir)
-    if emulated_kv(spec, "candidate") is not None:
-        kv_inspect_step(run_dir, data_dir)
-    compare_step(spec, rd)
+    names = [n for n in spec.candidates if emulated_kv(spec, n) is not None]
+    if any(not candidate_dir(spec, rd, n).kv_inspect.exists() for n in names):
+        kv_inspect_step(run_dir, data_dir)  # the worker inspects each emulated-cache candidate without one
+    for name in spec.candidates:
+        compare_step(spec, rd, name)
     return gate_and_report(spec, rd, spec_dir)

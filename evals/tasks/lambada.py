@@ -17,10 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evals import data
+from evals.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
-from evals.tasks.common import loglikelihood_context, resolve_fewshot, row_items, task_version
+from evals.tasks.common import (
+    chat_renderer,
+    check_options,
+    loglikelihood_context,
+    resolve_fewshot,
+    row_items,
+    task_version,
+)
 
 
 def doc_to_text(doc: Row) -> str:
@@ -37,6 +45,7 @@ def doc_to_target(doc: Row) -> str:
 class LambadaTask:
     """Last-word prediction scored by log-likelihood and greedy match."""
 
+    chat: ChatRenderer | None = None
     name: str = "lambada_openai"
     version: str = task_version(1, "1.0")
     kind: TaskKind = "loglikelihood"
@@ -46,8 +55,13 @@ class LambadaTask:
         return row_items(data.load("lambada_openai", data_dir))
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
-        """One continuation: the last word with its leading space."""
-        return LoglikelihoodRequest(context=doc_to_text(item.doc), continuations=(doc_to_target(item.doc),))
+        """One continuation: the last word with its leading space (lm-eval keeps it under chat too: a
+        `loglikelihood` task's continuation is its target as is)."""
+        context = doc_to_text(item.doc)
+        if self.chat is not None:
+            chat = self.chat.prompt("", (), context)
+            return LoglikelihoodRequest(context=chat.text, continuations=(doc_to_target(item.doc),), prefix=chat.prefix)
+        return LoglikelihoodRequest(context=context, continuations=(doc_to_target(item.doc),))
 
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the context string."""
@@ -64,7 +78,8 @@ class LambadaTask:
         return Scored(scores=scores, extracted={}, target=doc_to_target(item.doc))
 
 
-def build(name: str, options: TaskOptions) -> LambadaTask:
+def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> LambadaTask:
     """LAMBADA (zero-shot only: the local data has no few-shot split)."""
     resolve_fewshot(name, options, 0, None)
-    return LambadaTask()
+    check_options(name, options, generates=False, chats=True)
+    return LambadaTask(chat=chat_renderer(name, options, template))

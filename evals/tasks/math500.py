@@ -26,13 +26,17 @@ from types import ModuleType
 from typing import Any
 
 from evals import data
+from evals.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import GenerateResult
 from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
-    LM_EVAL_MAX_GEN_TOKS,
+    GenSettings,
+    chat_renderer,
+    check_options,
     fewshot_block,
+    gen_settings,
     generate_prompt,
     generate_request,
     resolve_fewshot,
@@ -95,8 +99,9 @@ class Math500Task:
     """MATH-500 test problems, Minerva 4-shot prompt (shared prefix)."""
 
     num_fewshot: int
-    max_tokens: int
-    temperature: float
+    settings: GenSettings
+    chat: ChatRenderer | None = None
+    think_tags: tuple[str, str] | None = None
     name: str = "math500"
     version: str = task_version(1, "3.1")
     kind: TaskKind = "generate"
@@ -107,9 +112,12 @@ class Math500Task:
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the shared Minerva block + the problem, until "Problem:"."""
+        if self.chat is not None:
+            shots = [(doc_to_text({"problem": p}), s) for p, s in MINERVA_SHOTS[: self.num_fewshot]]
+            chat = self.chat.prompt("", shots, doc_to_text(item.doc))
+            return generate_request(chat.text, self.settings, seed, chat.prefix, chat, self.chat.kwargs_items)
         prefix = fewshot_prefix(self.num_fewshot)
-        prompt = prefix + doc_to_text(item.doc)
-        return generate_request(prompt, UNTIL, self.max_tokens, self.temperature, seed, prefix or None)
+        return generate_request(prefix + doc_to_text(item.doc), self.settings, seed, prefix or None)
 
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
@@ -131,13 +139,13 @@ class Math500Task:
         return Scored(scores=scores, extracted={"none": extracted}, target=target)
 
 
-def build(name: str, options: TaskOptions) -> Math500Task:
+def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> Math500Task:
     """MATH-500 with lm-eval's defaults (4 shots) unless the options override them."""
     k = resolve_fewshot(name, options, len(MINERVA_SHOTS), "minerva")
     if k > len(MINERVA_SHOTS):
         raise EvalError(
             f"{name}: num_fewshot {k}; lm-eval's Minerva prompt has {len(MINERVA_SHOTS)} examples"
         )
-    return Math500Task(
-        num_fewshot=k, max_tokens=options.max_tokens or LM_EVAL_MAX_GEN_TOKS, temperature=options.temperature or 0.0
-    )
+    check_options(name, options, generates=True, chats=True)
+    return Math500Task(num_fewshot=k, settings=gen_settings(options, UNTIL), chat=chat_renderer(name, options, template),
+                       think_tags=options.think_tags)

@@ -1,7 +1,9 @@
 """Multiple-choice tasks scored by log-likelihood, as lm-eval defines them: ARC-Easy/Challenge,
 PIQA, BoolQ and MMLU (and, through `MultipleChoiceTask`, GPQA zero-shot and TruthfulQA).
 
-Each choice is scored as the continuation `" " + choice` of the context; acc = the highest
+Each choice is scored as the continuation `" " + choice` of the context (with `chat = true`: the
+context is lm-eval's --apply_chat_template prompt, ending with the assistant's turn opened, and the
+continuation is the bare choice, as lm-eval's construct_requests makes it); acc = the highest
 log-likelihood is the gold choice, acc_norm = the same after dividing by the choice's length in
 characters (lm-eval's `multiple_choice` output type). Prompts are lm-eval's YAML templates:
 
@@ -25,12 +27,15 @@ from typing import Any
 import numpy as np
 
 from evals import data
+from evals.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     TARGET_DELIMITER,
+    chat_renderer,
+    check_options,
     fewshot_block,
     loglikelihood_context,
     mc_scores,
@@ -65,6 +70,7 @@ class MultipleChoiceTask:
     process_docs: Callable[[list[Row]], list[Row]] | None = None
     scorer: MCScorer | None = None  # None: acc / acc_norm from `metrics`
     shared_text: str = ""  # a leading part of every doc_to_text (TruthfulQA's primer): cacheable
+    chat: ChatRenderer | None = None
     kind: TaskKind = "loglikelihood"
 
     def items(self, data_dir: Path | None) -> list[Item]:
@@ -73,9 +79,14 @@ class MultipleChoiceTask:
         if self.process_docs is not None:
             rows = self.process_docs(rows)
         pool = data.load(self.dataset, data_dir, self.fewshot_split) if self.num_fewshot else []
-        return [Item(item_id=row["id"], doc=row, fewshot=self._block(row, pool)) for row in rows]
+        items = []
+        for row in rows:
+            shots = self._shots(row, pool)
+            items.append(Item(item_id=row["id"], doc=row, fewshot=fewshot_block(self.description(row), shots),
+                              shots=tuple(shots)))
+        return items
 
-    def _block(self, doc: Row, pool: list[Row]) -> str:
+    def _shots(self, doc: Row, pool: list[Row]) -> list[tuple[str, str]]:
         shots: list[tuple[str, str]] = []
         if self.num_fewshot:
             group = self.fewshot_group(doc) if self.fewshot_group else None
@@ -88,7 +99,7 @@ class MultipleChoiceTask:
             for shot in candidates[: self.num_fewshot]:
                 choices = self.doc_to_choice(shot)
                 shots.append((self.doc_to_text(shot), choices[self.gold_index(shot, choices)]))
-        return fewshot_block(self.description(doc), shots)
+        return shots
 
     def gold_index(self, doc: Row, choices: list[str]) -> int:
         """The gold choice's index (lm-eval: an int target is an index, a str target is a choice)."""
@@ -102,9 +113,14 @@ class MultipleChoiceTask:
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Score `" " + choice` for every choice given the few-shot block + this document's text; the
-        part shared by every item (description, shots, a fixed primer) is the cacheable `prefix`."""
-        block = item.fewshot
+        part shared by every item (description, shots, a fixed primer) is the cacheable `prefix`. Chat:
+        the rendered chat prompt, the bare choices, the rendered text before the document as prefix."""
         text = self.doc_to_text(item.doc)
+        if self.chat is not None:
+            chat = self.chat.prompt(self.description(item.doc), item.shots, text)
+            return LoglikelihoodRequest(context=chat.text, continuations=tuple(self.doc_to_choice(item.doc)),
+                                        prefix=chat.prefix)
+        block = item.fewshot
         shared = block + self.shared_text if text.startswith(self.shared_text) else block
         return LoglikelihoodRequest(
             context=block + text,
@@ -171,14 +187,22 @@ def mmlu_description(doc: Row) -> str:
     return f"The following are multiple choice questions (with answers) about {doc['subject'].replace('_', ' ')}.\n\n"
 
 
-def zero_shot_builder(
-    dataset: str | None = None, **fields: Any
-) -> Callable[[str, TaskOptions], MultipleChoiceTask]:
+MCBuilder = Callable[[str, TaskOptions, ChatTemplate | None], MultipleChoiceTask]
+
+
+def mc_chat(name: str, options: TaskOptions, template: ChatTemplate | None) -> ChatRenderer | None:
+    """A multiple-choice task's chat renderer (None without chat), every option it cannot read refused."""
+    check_options(name, options, generates=False, chats=True)
+    return chat_renderer(name, options, template)
+
+
+def zero_shot_builder(dataset: str | None = None, **fields: Any) -> MCBuilder:
     """A builder of the zero-shot MultipleChoiceTask with these fields (dataset None: the task's name)."""
 
-    def make(name: str, options: TaskOptions) -> MultipleChoiceTask:
+    def make(name: str, options: TaskOptions, template: ChatTemplate | None) -> MultipleChoiceTask:
         resolve_fewshot(name, options, 0, None)
-        return MultipleChoiceTask(name=name, dataset=dataset or name, **fields)
+        return MultipleChoiceTask(name=name, dataset=dataset or name, chat=mc_chat(name, options, template),
+                                  **fields)
 
     return make
 
@@ -206,7 +230,7 @@ _boolq = zero_shot_builder(
 )
 
 
-def _mmlu(name: str, options: TaskOptions) -> MultipleChoiceTask:
+def _mmlu(name: str, options: TaskOptions, template: ChatTemplate | None) -> MultipleChoiceTask:
     k = resolve_fewshot(name, options, 0, "dev")
     if k > 5:
         raise EvalError(f"{name}: num_fewshot {k}; the MMLU dev split has 5 examples per subject")
@@ -222,10 +246,11 @@ def _mmlu(name: str, options: TaskOptions) -> MultipleChoiceTask:
         num_fewshot=k,
         fewshot_split="dev",
         fewshot_group=lambda d: d["subject"],
+        chat=mc_chat(name, options, template),
     )
 
 
-BUILDERS: dict[str, Callable[[str, TaskOptions], MultipleChoiceTask]] = {
+BUILDERS: dict[str, MCBuilder] = {
     "arc_challenge": _arc,
     "arc_easy": _arc,
     "piqa": _piqa,
@@ -234,6 +259,6 @@ BUILDERS: dict[str, Callable[[str, TaskOptions], MultipleChoiceTask]] = {
 }
 
 
-def build(name: str, options: TaskOptions) -> MultipleChoiceTask:
+def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> MultipleChoiceTask:
     """The named multiple-choice task (a key of BUILDERS)."""
-    return BUILDERS[name](name, options)
+    return BUILDERS[name](name, options, template)

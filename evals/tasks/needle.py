@@ -25,7 +25,15 @@ from typing import Any
 from evals.engines.base import GenerateResult
 from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
-from evals.tasks.common import generate_prompt, generate_request, int_option, probe_extra
+from evals.tasks.common import (
+    GenSettings,
+    check_options,
+    gen_settings,
+    generate_prompt,
+    generate_request,
+    int_option,
+    probe_extra,
+)
 
 # Measured: the filler below averages 4.6 characters per SmolLM2 (GPT-2-style BPE) token; 4.5 errs
 # toward shorter haystacks so a "7500-token" prompt stays inside an 8192-token window.
@@ -110,6 +118,9 @@ def first_number(completion: str) -> str | None:
     return m.group(0) if m else None
 
 
+DEFAULT_SETTINGS = GenSettings(until=UNTIL, max_tokens=DEFAULT_MAX_TOKENS)
+
+
 @dataclass(frozen=True)
 class NeedleTask:
     """Key-value retrieval at several context lengths and depths."""
@@ -119,8 +130,8 @@ class NeedleTask:
     per_cell: int = DEFAULT_PER_CELL
     distractors: int = 0
     seed: int = DEFAULT_SEED
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = 0.0
+    settings: GenSettings = DEFAULT_SETTINGS
+    think_tags: tuple[str, str] | None = None
     name: str = "needle"
     version: str = "1"
     kind: TaskKind = "generate"
@@ -147,7 +158,7 @@ class NeedleTask:
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Instruction + haystack + question; generate a short answer until a newline."""
         prompt = INSTRUCTION + item.doc["context"] + QUESTION.format(key=item.doc["key"])
-        return generate_request(prompt, UNTIL, self.max_tokens, self.temperature, seed)
+        return generate_request(prompt, self.settings, seed)
 
     def prompt_text(self, request: Request) -> str:
         """The whole prompt."""
@@ -178,15 +189,20 @@ def _fractions(extra: Mapping[str, Any], key: str, default: tuple[float, ...]) -
     return tuple(float(v) for v in value)
 
 
-def build(name: str, options: TaskOptions) -> NeedleTask:
+CHATS = False  # this probe's prompt is a raw haystack (build refuses chat = true)
+
+
+def build(name: str, options: TaskOptions, template: object = None) -> NeedleTask:
     """The probe with its options: lengths, depths, per_cell, distractors, seed (in `options.extra`)."""
     extra = probe_extra("needle", options, OPTION_KEYS, "zero-shot retrieval")
+    check_options(name, options, generates=True, extra=True,
+                  chats="the probe's prompt is a raw haystack, not an lm-eval prompt")
     return NeedleTask(
         lengths=_ints(extra, "lengths", DEFAULT_LENGTHS),
         depths=_fractions(extra, "depths", DEFAULT_DEPTHS),
         per_cell=int_option("needle", extra, "per_cell", DEFAULT_PER_CELL, 1),
         distractors=int_option("needle", extra, "distractors", 0, 0),
         seed=int_option("needle", extra, "seed", DEFAULT_SEED, 0),
-        max_tokens=options.max_tokens or DEFAULT_MAX_TOKENS,
-        temperature=options.temperature or 0.0,
+        settings=gen_settings(options, UNTIL, DEFAULT_MAX_TOKENS),
+        think_tags=options.think_tags,
     )

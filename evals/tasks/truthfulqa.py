@@ -11,14 +11,15 @@ sum_true exp(ll) / sum_all exp(ll) (lm-eval utils.process_results_mc2).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
+from evals.chat import ChatTemplate
 from evals.data import Row
 from evals.tasks.base import TaskOptions
 from evals.tasks.common import resolve_fewshot, task_version
-from evals.tasks.multiple_choice import MCScorer, MultipleChoiceTask
+from evals.tasks.multiple_choice import MCBuilder, MCScorer, MultipleChoiceTask, mc_chat
 
 QA_PRIMER = (
     "Q: What is human life expectancy in the United States?\n"
@@ -51,8 +52,8 @@ def mc2_score(doc: Row, loglikelihoods: Sequence[float], choices: list[str]) -> 
 
 def _make(
     variant: str, lm_eval_version: str, scorer: MCScorer | None
-) -> Callable[[str, TaskOptions], MultipleChoiceTask]:
-    def make(name: str, options: TaskOptions) -> MultipleChoiceTask:
+) -> MCBuilder:
+    def make(name: str, options: TaskOptions, template: ChatTemplate | None) -> MultipleChoiceTask:
         resolve_fewshot(name, options, 0, None)
         return MultipleChoiceTask(
             name=name,
@@ -64,17 +65,18 @@ def _make(
             metrics=("acc",),
             scorer=scorer,
             shared_text=QA_PRIMER + "\n\nQ: ",
+            chat=mc_chat(name, options, template),
         )
 
     return make
 
 
-BUILDERS: dict[str, Callable[[str, TaskOptions], MultipleChoiceTask]] = {
+BUILDERS: dict[str, MCBuilder] = {
     "truthfulqa_mc1": _make("mc1", "2.0", None),
     "truthfulqa_mc2": _make("mc2", "3.0", mc2_score),
 }
 
 
-def build(name: str, options: TaskOptions) -> MultipleChoiceTask:
+def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> MultipleChoiceTask:
     """The named TruthfulQA task (a key of BUILDERS)."""
-    return BUILDERS[name](name, options)
+    return BUILDERS[name](name, options, template)

@@ -28,7 +28,7 @@ from evals.engines.base import TokenLogprobsRequest
 from evals.errors import EvalError
 from evals.records import TokenLogprobs
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
-from evals.tasks.common import int_option, probe_extra
+from evals.tasks.common import check_options, int_option, probe_extra
 
 ARTICLE_RE = re.compile(r"^ = [^=].* = \n$")  # a top-level heading line: " = Robert Boulter = "
 DEFAULT_CHUNK_CHARS = 2000  # about 450 SmolLM2 tokens of detokenized WikiText: fits max_tokens
@@ -119,11 +119,14 @@ class WikitextKLTask:
         return Scored(scores=chunk_scores(result))
 
 
-def build(name: str, options: TaskOptions) -> WikitextKLTask:
+CHATS = False  # teacher-forced text: no prompt, so no chat template (build refuses chat = true)
+
+
+def build(name: str, options: TaskOptions, template: object = None) -> WikitextKLTask:
     """The probe with its options: chunk_chars, top_k, max_tokens (in `options.extra`)."""
     extra = probe_extra("wikitext_kl", options, OPTION_KEYS, "teacher-forced text")
-    if options.temperature:
-        raise EvalError("wikitext_kl: temperature does not apply (teacher-forced, no sampling); leave it at 0")
+    check_options(name, options, generates=False, extra=True, reads=("max_tokens",),
+                  chats="teacher-forced WikiText-2 text has no prompt to put in a chat template")
     max_tokens = options.max_tokens or int_option("wikitext_kl", extra, "max_tokens", DEFAULT_MAX_TOKENS, 2)
     return WikitextKLTask(
         chunk_chars=int_option("wikitext_kl", extra, "chunk_chars", DEFAULT_CHUNK_CHARS, 100),

@@ -23,11 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evals import data
+from evals.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     TARGET_DELIMITER,
+    chat_renderer,
+    check_options,
     loglikelihood_context,
     mc_scores,
     resolve_fewshot,
@@ -63,6 +66,7 @@ def partial_pairs(doc: Row) -> list[tuple[str, str]]:
 class WinograndeTask:
     """Two contexts, one continuation; acc = the gold option's context scores the rest higher."""
 
+    chat: ChatRenderer | None = None
     name: str = "winogrande"
     version: str = task_version(1, "1.0")
     kind: TaskKind = "loglikelihood"
@@ -74,6 +78,11 @@ class WinograndeTask:
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """One request holding both (context, continuation) pairs (see the module docstring)."""
         pairs = partial_pairs(item.doc)
+        if self.chat is not None:  # lm-eval multiple_input_context: each context rendered, a bare continuation
+            chats = [self.chat.prompt("", (), ctx) for ctx in doc_to_choice(item.doc)]
+            target = doc_to_target(item.doc)
+            return LoglikelihoodRequest(context=chats[0].text, continuations=(target,) * len(chats),
+                                        contexts=tuple(c.text for c in chats), prefix=chats[0].prefix)
         return LoglikelihoodRequest(
             context=pairs[0][0],
             continuations=tuple(c for _, c in pairs),
@@ -92,7 +101,8 @@ class WinograndeTask:
         return Scored(scores=scores, extracted={"none": str(pred)}, target=doc_to_target(item.doc))
 
 
-def build(name: str, options: TaskOptions) -> WinograndeTask:
+def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> WinograndeTask:
     """WinoGrande (zero-shot only: the local data has no training split for shots)."""
     resolve_fewshot(name, options, 0, None)
-    return WinograndeTask()
+    check_options(name, options, generates=False, chats=True)
+    return WinograndeTask(chat=chat_renderer(name, options, template))

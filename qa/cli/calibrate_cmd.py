@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evals.models import DEFAULT_MODEL, load_model, resolve_model
-from qa.calibration import calibrate_model, load_prompts
+from qa.calibration import calibrate_model, export_vllm_model, load_prompts
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
 from qa.plots import write_kv_plot
@@ -54,6 +54,11 @@ def calibrate_command(
     export_dir: Annotated[
         Path | None, typer.Option("--export-dir", help="Export folder (default: next to OUT).")
     ] = None,
+    model_out: Annotated[
+        Path | None,
+        typer.Option("--model-out", help="With --export vllm: write a model folder vLLM loads with these "
+                     "scales (fp8_e4m3 scales; weights hard-linked)."),
+    ] = None,
     data_dir: DataDirOpt = None,
     device: DeviceOpt = "cpu",
     dtype: DtypeOpt = "float32",
@@ -64,6 +69,11 @@ def calibrate_command(
     """Observe K (after RoPE) and V per layer on a calibration set and write static KV scales."""
     if export is not None and export not in EXPORT_TARGETS:
         raise QuantError(f"--export {export!r}: choose one of {', '.join(EXPORT_TARGETS)}")
+    if model_out is not None and export != "vllm":
+        raise QuantError("--model-out writes a vLLM model folder: add --export vllm")
+    if model_out is not None and fmt != "fp8_e4m3":
+        raise QuantError(f"--model-out: vLLM's fp8 KV cache takes fp8_e4m3 scales, not {fmt!r}; "
+                         "add --format fp8_e4m3")
     spec = _calibration_spec(
         format=fmt,
         observer=observer,
@@ -77,6 +87,8 @@ def calibrate_command(
     paths = list(scales.save(out))
     if export is not None:
         paths += export_scales(scales, export, export_dir or Path(out).parent)  # type: ignore[arg-type]
+    if model_out is not None:
+        paths += export_vllm_model(model, scales, model_out)
     table = Table(
         title=f"{model}: {fmt} scales ({observer}, {scales.meta.data.name}, n={scales.meta.data.n_samples})"
     )

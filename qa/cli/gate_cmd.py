@@ -15,6 +15,8 @@ from rich.table import Table
 from qa import api
 from qa.cli.app import app
 from qa.cli.options import PolicyOpt, RunDirArg
+from qa.cli.run_cmd import print_matrix
+from qa.errors import QAError
 from qa.gate.junit import write_junit
 from qa.gate.summary import write_summary
 from qa.gate.verdict import Verdict
@@ -47,7 +49,20 @@ def gate(
         Path | None, typer.Option("--summary", help="Also write Markdown for a CI step summary (appends to an existing file).")
     ] = None,
 ) -> None:
-    """Decide pass / fail / inconclusive per task under a policy; write verdict.json. Exit 0 / 1 / 3."""
+    """Decide pass / fail / inconclusive per task under a policy; write verdict.json. Exit 0 / 1 / 3
+    (a run with several candidates: each in candidates/<name>/, then the run's; 0 only if all pass)."""
+    if api.candidate_names(run_dir) is not None:
+        run_verdict, verdicts = api.gate_candidates(run_dir, policy)
+        if junit is not None:
+            write_junit(junit, list(verdicts.values()))
+        if summary is not None:
+            write_summary(summary, (run_verdict, list(verdicts.values())))
+        for v in verdicts.values():
+            print_verdict(v)
+        print_matrix(run_verdict)
+        print(run_verdict.summary)
+        print(f"wrote {run_dir / 'verdict.json'} (and candidates/<name>/verdict.json, junit.xml, summary.md)")
+        raise typer.Exit(run_verdict.exit_code)
     verdict = api.gate(run_dir, policy)
     if junit is not None:
         write_junit(junit, verdict)
@@ -67,7 +82,15 @@ def report(
     ] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Folder for report.md, report.html, plots/ (default: RUN_DIR).")] = None,
 ) -> None:
-    """Write report.md and a self-contained report.html (verdict, per-task table, plots, provenance)."""
+    """Write report.md and a self-contained report.html (verdict, per-task table, plots, provenance); for
+    a run with several candidates, each candidate's and the run's candidate x task matrix."""
+    if api.candidate_names(run_dir) is not None:
+        if out is not None:
+            raise QAError("--out: a run with several candidates writes its reports into the run directory")
+        md, page = api.report_candidates(run_dir, policy)
+        print(f"wrote {page} and candidates/<name>/report.html")
+        print(f"wrote {md}")
+        return
     paths = api.report(run_dir, policy, out)
     print(f"wrote {paths.html}")
     print(f"wrote {paths.markdown}")

@@ -14,7 +14,7 @@ from qa import api
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt
 from qa.dry_run import PlannedArm, dry_run
-from qa.gate.verdict import Verdict
+from qa.gate.verdict import RunVerdict, Verdict
 
 console = Console()
 
@@ -27,6 +27,10 @@ def _print_plan(spec_path: Path, planned: list[PlannedArm]) -> None:
         if arm.server is not None:
             console.print("  server (started on 127.0.0.1, base_url filled in): "
                           + json.dumps(arm.server, sort_keys=True, default=str))
+        if arm.env:
+            console.print("  environment: " + json.dumps(arm.env, sort_keys=True))
+        for note in arm.notes:
+            console.print(f"  note: {note}")
         if arm.tasks:
             table = Table("task", "items available", "items", "repeats", "samples")
             for t in arm.tasks:
@@ -35,14 +39,27 @@ def _print_plan(spec_path: Path, planned: list[PlannedArm]) -> None:
             console.print(f"  total samples: {sum(t.samples for t in arm.tasks)}")
 
 
-def _print_verdict(verdict: Verdict, run_dir: Path) -> None:
-    colour = {"pass": "green", "fail": "red", "inconclusive": "yellow"}[verdict.status]
-    table = Table("task", "status", "reason")
-    for t in verdict.tasks:
-        table.add_row(t.task, t.status, t.reason)
+def print_matrix(verdict: RunVerdict) -> None:
+    """The candidate x task status matrix of a several-candidate run."""
+    tasks = list(dict.fromkeys(t for c in verdict.candidates for t in c.tasks))
+    table = Table("candidate", "verdict", *tasks, title=f"each candidate vs {verdict.baseline}")
+    for c in verdict.candidates:
+        table.add_row(c.name, c.status, *(c.tasks.get(t, "-") for t in tasks))
     console.print(table)
+
+
+def _print_verdict(verdict: Verdict | RunVerdict, run_dir: Path) -> None:
+    colour = {"pass": "green", "fail": "red", "inconclusive": "yellow"}[verdict.status]
+    if isinstance(verdict, RunVerdict):
+        print_matrix(verdict)
+    else:
+        table = Table("task", "status", "reason")
+        for t in verdict.tasks:
+            table.add_row(t.task, t.status, t.reason)
+        console.print(table)
     console.print(f"[bold {colour}]{verdict.summary}[/bold {colour}]")  # the summary starts with the status
-    console.print(f"report: {run_dir / 'report.html'}  (and report.md, comparison.json, verdict.json)")
+    more = "candidates/<name>/, junit.xml, summary.md" if isinstance(verdict, RunVerdict) else "comparison.json"
+    console.print(f"report: {run_dir / 'report.html'}  (and report.md, {more}, verdict.json)")
 
 
 @app.command("run")

@@ -9,7 +9,10 @@ Per task, in this order:
    on every item (no regression is observable) -> inconclusive, "no information";
 3. each rule (noninferiority, tost, sigma) decides pass / fail / inconclusive on the (1 - 2 alpha)
    interval of delta from `qa.stats.intervals.delta_interval`; the sigma ("within k SE") rule is always
-   computed and reported, deciding only when listed;
+   computed and reported, deciding only when listed; the truncation rule (the candidate's truncation
+   rate may not rise by more than `truncation_margin`, on the same (1 - 2 alpha) interval) is computed
+   when the records hold truncation and decides unless `gate_truncation = false`; its fail stands
+   even when accuracy carries no information (step 2), records without truncation never fail it;
 4. power: n < min_n or MDE > margin -> underpowered (inconclusive or fail, as the policy says),
    unless a rule already showed the candidate demonstrably worse (that stays a fail).
 
@@ -24,7 +27,7 @@ from __future__ import annotations
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
-from qa.comparison import Comparison, Estimate
+from qa.comparison import Comparison, Estimate, GenerationEstimate
 from qa.errors import PolicyError
 from qa.gate.verdict import RuleResult, Status, TaskVerdict, Verdict
 from qa.policy import AUTO_METRICS, Policy, TaskPolicy
@@ -88,6 +91,32 @@ def sigma(est: Estimate, k: float, basis: str, decides: bool) -> RuleResult:
                       false_alarm_rate=far, drop_caught_80=caught)
 
 
+def truncation(gen: GenerationEstimate | None, tp: TaskPolicy) -> RuleResult | None:
+    """The candidate may not run out of budget more often: pass iff the (1 - 2 alpha) CI of the paired
+    change in truncation rate (candidate - baseline) lies below +truncation_margin, fail iff wholly
+    above it; neither arm truncating is a pass ("no truncation"). None when truncation is not recorded."""
+    est = gen.truncation if gen is not None else None
+    if gen is None or est is None or est.n == 0:
+        return None
+    level, m = 1 - 2 * tp.alpha, tp.truncation_margin
+    common = {"rule": "truncation", "decides": tp.gate_truncation, "ci_level": level, "ci_method": est.ci_method,
+              "margin": m}
+    b, c = gen.baseline, gen.candidate
+    counts = f"truncated {b.truncated} -> {c.truncated} of {c.n_samples} samples"
+    if b.truncated == 0 and c.truncated == 0:
+        return RuleResult(**common, status="pass", detail=f"no truncation: neither arm reached max_tokens ({counts})")
+    ci = delta_interval(est, level)
+    if ci is None:
+        return RuleResult(**common, status="inconclusive", detail=f"{counts}; CI undefined (too few items)")
+    text = f"change in truncation rate {pts(est.delta)}, {ci_text(ci, level)}"
+    if ci.upper < m:
+        return RuleResult(**common, ci=ci, status="pass", detail=f"{text} lies below +{100 * m:.1f} pts ({counts})")
+    if ci.lower > m:
+        return RuleResult(**common, ci=ci, status="fail",
+                          detail=f"candidate truncates more: {text} lies above +{100 * m:.1f} pts ({counts})")
+    return RuleResult(**common, ci=ci, status="inconclusive", detail=f"{text} straddles +{100 * m:.1f} pts ({counts})")
+
+
 def no_information(est: Estimate) -> str | None:
     """Why accuracy cannot compare the arms on this task, or None when it can."""
     if est.n < 2:
@@ -149,10 +178,14 @@ def _warnings(est: Estimate, tp: TaskPolicy, results: list[RuleResult]) -> list[
     sig = next(r for r in results if r.rule == "sigma")
     if not sig.decides and ni.status == "pass" and sig.status == "fail":
         out.append(f"the {tp.sigma_k:g}-SE rule would fail this task ({sig.detail}); non-inferiority passes")
+    trunc = next((r for r in results if r.rule == "truncation"), None)
+    if trunc is not None and not trunc.decides and trunc.status == "fail":
+        out.append(f"the truncation rule would fail this task ({trunc.detail}); gate_truncation = false")
     return out + list(est.notes)
 
 
-def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str) -> TaskVerdict:
+def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str,
+                generation: GenerationEstimate | None = None) -> TaskVerdict:
     """Decide one task under its resolved policy (see the module docstring for the order)."""
     mde_, n_needed, reps = _power(est, tp)
     err_b, err_c = error_rate(est.n_errors_baseline, est), error_rate(est.n_errors_candidate, est)
@@ -160,6 +193,9 @@ def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str) -> TaskVerdict:
     if "tost" in tp.rules:
         results.append(tost(est, tp))
     results.append(sigma(est, tp.sigma_k, tp.sigma_basis, "sigma" in tp.rules))
+    trunc = truncation(generation, tp)
+    if trunc is not None:
+        results.append(trunc)
     base = {"task": est.task, "metric": metric_key, "n": est.n, "delta": est.delta, "se_paired": est.se_paired,
                 "margin": tp.margin, "alpha": tp.alpha, "mde": mde_, "n_needed": n_needed, "repeats_needed": reps,
                 "p_worse": p_below(est, -tp.margin), "error_rate_baseline": err_b, "error_rate_candidate": err_c,
@@ -170,6 +206,8 @@ def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str) -> TaskVerdict:
         reason = (f"too many errored samples: {arm} {100 * worst:.1f}% > max {100 * tp.max_error_rate:.1f}% "
                   f"({est.n_errors_baseline} baseline, {est.n_errors_candidate} candidate errors); fix them and re-run")
         return TaskVerdict(**base, status="inconclusive", kind="errors", reason=reason)
+    if trunc is not None and trunc.decides and trunc.status == "fail":  # decisive whatever accuracy shows
+        return TaskVerdict(**base, status="fail", kind="decided", reason=trunc.detail)
     why_not = no_information(est)
     if why_not is not None:
         return TaskVerdict(**base, status="inconclusive", kind="no_information", reason=why_not)
@@ -225,7 +263,7 @@ def decide(comparison: Comparison, policy: Policy, comparison_sha256: str | None
     for task in tasks_in:
         tp = policy.for_task(task)
         est = select_estimate(comparison, task, tp, explicit=task in policy.tasks)
-        verdicts.append(decide_task(est, tp, f"{est.metric},{est.filter}"))
+        verdicts.append(decide_task(est, tp, f"{est.metric},{est.filter}", comparison.generation_for(task)))
     for task in policy.require:
         if task not in tasks_in:
             tp = policy.for_task(task)

@@ -1,10 +1,11 @@
-"""Markdown for a CI step summary (e.g. $GITHUB_STEP_SUMMARY): the verdict line and a row per task."""
+"""Markdown for a CI step summary (e.g. $GITHUB_STEP_SUMMARY): the verdict line and a row per task; for a
+several-candidate run, the run's line, a candidate x task matrix, then each candidate's own summary."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from qa.gate.verdict import Verdict
+from qa.gate.verdict import RunVerdict, Verdict
 from qa.textfmt import md_cell, pts
 from quant.fileio import atomic_write_text
 
@@ -37,9 +38,36 @@ def summary_markdown(verdict: Verdict) -> str:
     return "\n".join(lines)
 
 
-def write_summary(path: Path, verdict: Verdict) -> None:
-    """Write the step-summary Markdown atomically; an existing file (GITHUB_STEP_SUMMARY) is appended to."""
-    text = summary_markdown(verdict)
+def matrix_tasks(run: RunVerdict) -> list[str]:
+    """Every task of any candidate, in first-seen order: the matrix's columns."""
+    return list(dict.fromkeys(t for c in run.candidates for t in c.tasks))
+
+
+def matrix_markdown(run: RunVerdict, links: dict[str, str] | None = None) -> list[str]:
+    """The candidate x task matrix as Markdown table lines (a candidate's name linked when `links` has it)."""
+    tasks = matrix_tasks(run)
+    lines = ["| candidate | verdict | " + " | ".join(md_cell(t) for t in tasks) + " |",
+             "|---|---|" + "---|" * len(tasks)]
+    for c in run.candidates:
+        name = md_cell(c.name)
+        if links and c.name in links:
+            name = f"[{name}]({links[c.name]})"
+        cells = [STATUS_MARK[c.tasks[t]] if t in c.tasks else "-" for t in tasks]
+        lines.append(f"| {name} | {STATUS_MARK[c.status]} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def run_summary_markdown(run: RunVerdict, verdicts: list[Verdict]) -> str:
+    """The run's verdict line, the candidate x task matrix, then each candidate's own summary."""
+    lines = [f"## {STATUS_MARK[run.status]}: {len(run.candidates)} candidates vs {md_cell(run.baseline)}", "",
+             md_cell(run.summary), ""] + matrix_markdown(run) + [""]
+    return "\n".join(lines) + "\n" + "\n".join("#" + summary_markdown(v) for v in verdicts)  # "### " headings
+
+
+def write_summary(path: Path, verdict: Verdict | tuple[RunVerdict, list[Verdict]]) -> None:
+    """Write the step-summary Markdown atomically; an existing file (GITHUB_STEP_SUMMARY) is appended to.
+    `verdict` is one candidate's, or a several-candidate run's (run verdict, candidate verdicts)."""
+    text = summary_markdown(verdict) if isinstance(verdict, Verdict) else run_summary_markdown(*verdict)
     if path.exists() and path.stat().st_size > 0:
         text = path.read_text(encoding="utf-8") + "\n" + text
     atomic_write_text(path, text)

@@ -1,9 +1,10 @@
-"""The verdict.json contract: overall status, one TaskVerdict per task, the rules behind each."""
+"""The verdict.json contract: overall status, one TaskVerdict per task, the rules behind each; and the
+run-level verdict.json of a several-candidate run (RunVerdict: one CandidateVerdict per candidate)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,10 +14,12 @@ from qa.policy import Policy
 from quant.fileio import atomic_write_text
 
 VERDICT_SCHEMA_VERSION = 1
+RUN_VERDICT_KIND = "candidates"
 Status = Literal["pass", "fail", "inconclusive"]
 Kind = Literal["decided", "errors", "no_information", "underpowered", "undefined", "missing"]
-RuleName = Literal["noninferiority", "tost", "sigma"]
+RuleName = Literal["noninferiority", "tost", "sigma", "truncation"]
 EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "inconclusive": 3}
+V = TypeVar("V", bound=BaseModel)
 
 
 class _Frozen(BaseModel):
@@ -85,16 +88,82 @@ class Verdict(_Frozen):
         return EXIT_CODES[self.status]
 
 
-def save_verdict(path: Path, verdict: Verdict) -> None:
+class CandidateVerdict(_Frozen):
+    """One candidate of a several-candidate run: its status, summary, per-task statuses, and where its
+    own verdict.json and report are (relative to the run directory)."""
+
+    name: str
+    status: Status
+    summary: str
+    tasks: dict[str, Status]  # task -> status, in the candidate verdict's order
+    reasons: dict[str, str] = Field(default_factory=dict)  # task -> one-line reason
+    folder: str  # candidates/<name>
+
+
+class RunVerdict(_Frozen):
+    """verdict.json at the root of a several-candidate run: every candidate gated on its own against the
+    same baseline; the run passes only when every candidate passes (any fail: fail; else inconclusive)."""
+
+    schema_version: Literal[1] = VERDICT_SCHEMA_VERSION
+    kind: Literal["candidates"] = RUN_VERDICT_KIND
+    status: Status
+    summary: str
+    baseline: str
+    passed: list[str]  # the candidates that passed
+    candidates: list[CandidateVerdict]
+    policy_name: str
+    policy_sha256: str
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every candidate passed, 1 when any failed, else 3."""
+        return EXIT_CODES[self.status]
+
+
+def run_verdict(verdicts: dict[str, Verdict], folders: dict[str, str]) -> RunVerdict:
+    """The run-level verdict of candidates gated on their own (name -> verdict, name -> folder)."""
+    if not verdicts:
+        raise QAError("no candidate verdicts to combine")
+    statuses = [v.status for v in verdicts.values()]
+    status: Status = "fail" if "fail" in statuses else "pass" if set(statuses) == {"pass"} else "inconclusive"
+    passed = [n for n, v in verdicts.items() if v.status == "pass"]
+    counts = ", ".join(f"{statuses.count(s)} {s}" for s in ("pass", "fail", "inconclusive") if s in statuses)
+    summary = (f"{status.upper()}: {len(passed)} of {len(verdicts)} candidates passed ({counts}); "
+               f"passed: {', '.join(passed) if passed else 'none'}")
+    first = next(iter(verdicts.values()))
+    return RunVerdict(
+        status=status, summary=summary, baseline=first.baseline, passed=passed,
+        candidates=[CandidateVerdict(name=n, status=v.status, summary=v.summary,
+                                     tasks={t.task: t.status for t in v.tasks},
+                                     reasons={t.task: t.reason for t in v.tasks}, folder=folders[n])
+                    for n, v in verdicts.items()],
+        policy_name=first.policy.name, policy_sha256=first.policy_sha256)
+
+
+def save_run_verdict(path: Path, verdict: RunVerdict) -> None:
+    """Write the run-level verdict.json atomically."""
+    save_verdict(path, verdict)
+
+
+def load_run_verdict(path: Path) -> RunVerdict:
+    """Read a run-level verdict.json; a missing or invalid file is a one-line QAError."""
+    return _load(path, RunVerdict, "run-level verdict.json")
+
+
+def save_verdict(path: Path, verdict: Verdict | RunVerdict) -> None:
     """Write verdict.json atomically."""
     atomic_write_text(path, verdict.model_dump_json(indent=2) + "\n")
 
 
-def load_verdict(path: Path) -> Verdict:
-    """Read verdict.json; a missing or invalid file is a one-line QAError."""
+def _load(path: Path, model: type[V], what: str) -> V:
     if not path.is_file():
         raise QAError(f"{path}: no verdict.json; run `qa gate RUN_DIR` first")
     try:
-        return Verdict.model_validate_json(path.read_text(encoding="utf-8"))
+        return model.model_validate_json(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise QAError(f"{path}: invalid verdict.json ({str(exc).splitlines()[0]}); re-run `qa gate`") from None
+        raise QAError(f"{path}: invalid {what} ({str(exc).splitlines()[0]}); re-run `qa gate`") from None
+
+
+def load_verdict(path: Path) -> Verdict:
+    """Read verdict.json; a missing or invalid file is a one-line QAError."""
+    return _load(path, Verdict, "verdict.json")

@@ -29,6 +29,8 @@ class Example:
     extracted_candidate: str | None
     completion_baseline: str | None
     completion_candidate: str | None
+    truncated_baseline: bool | None = None  # reached max_tokens before its final answer (None: not recorded)
+    truncated_candidate: bool | None = None
 
 
 def redacted(task: str) -> bool:
@@ -36,9 +38,15 @@ def redacted(task: str) -> bool:
     return task.lower().startswith(REDACTED_TASK_PREFIXES)
 
 
+def truncation_mark(e: Example) -> str:
+    """' (truncated: baseline, candidate)' naming the arms whose sample was truncated, else ''."""
+    arms = [arm for arm, t in (("baseline", e.truncated_baseline), ("candidate", e.truncated_candidate)) if t]
+    return f" (truncated: {', '.join(arms)})" if arms else ""
+
+
 def record_ids(examples: list[Example]) -> str:
     """'id#repeat (direction), ...': how a redacted task's changed answers are named."""
-    return ", ".join(f"{e.item_id}#{e.repeat} ({e.direction})" for e in examples)
+    return ", ".join(f"{e.item_id}#{e.repeat} ({e.direction}){truncation_mark(e)}" for e in examples)
 
 
 def predicted(record: SampleRecord, filter_name: str) -> str | None:
@@ -91,6 +99,8 @@ def find_examples(rd: RunDir, comparison: Comparison, est: Estimate) -> list[Exa
                 extracted_candidate=None if hide else predicted(rc, est.filter),
                 completion_baseline=None if hide else rb.completion,
                 completion_candidate=None if hide else rc.completion,
+                truncated_baseline=rb.truncated,
+                truncated_candidate=rc.truncated,
             )
         )
     return [e for d in DIRECTIONS for e in out[d]]

@@ -6,18 +6,29 @@ from __future__ import annotations
 import base64
 import html
 
-from qa.report.examples import record_ids, redacted
+from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.figures import Figures
 from qa.report.gather import ReportInputs, gated_estimate
-from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance, spec_redacted
+from qa.report.notes import (
+    clip,
+    engine_notes,
+    floor_notes,
+    methods,
+    provenance,
+    spec_redacted,
+    truncation_notes,
+)
+from qa.report.provenance import html_section as kv_provenance_section
 from qa.report.rows import (
     DIST_HEADERS,
+    GEN_HEADERS,
     KIND_LABELS,
     KV_HEADERS,
     NUM_COLS,
     Cell,
     dist_row,
     family_false_alarm,
+    generation_rows,
     kv_caption,
     kv_rows,
     results_headers,
@@ -78,7 +89,7 @@ def _results(inp: ReportInputs) -> list[str]:
     v = inp.verdict
     rows = []
     for t in v.tasks:
-        cells = [_cell(x) for x in table_row(t, gated_estimate(inp.comparison, t))]
+        cells = [_cell(x) for x in table_row(t, gated_estimate(inp.comparison, t), inp.comparison.generation_for(t.task))]
         cells[0] = f"<b>{_e(t.task)}</b><br><small>{_e(t.metric)}</small>"
         cells[1] = _pill(t.status) + (
             f"<br><small>{_e(KIND_LABELS[t.kind])}</small>" if t.kind != "decided" else ""
@@ -91,6 +102,9 @@ def _results(inp: ReportInputs) -> list[str]:
             f"<p>Chance that at least one task fails the k-SE rule although the candidate is identical: "
             f"<b>{_e(percent(fam))}</b>.</p>"
         )
+    gen = [[_cell(x) for x in r] for r in generation_rows(inp.comparison, v)]
+    if gen:
+        out += ["<h2>Truncation and output length</h2>", html_table(GEN_HEADERS, gen, set(range(1, len(GEN_HEADERS))))]
     return out
 
 
@@ -121,7 +135,7 @@ def _examples(inp: ReportInputs) -> str:
         for e in exs:
             row = [
                 _e(f"{e.item_id}#{e.repeat}"),
-                _e(e.direction),
+                _e(e.direction + truncation_mark(e)),
                 _e(clip(e.target)),
                 _e(clip(e.extracted_baseline)),
                 _e(clip(e.extracted_candidate)),
@@ -160,6 +174,8 @@ def render_html(inp: ReportInputs, figs: Figures) -> str:
         parts.append(f'<div class="callout"><b>Accuracy carries no information here.</b> {_e(note)}</div>')
     for note in engine_notes(inp):
         parts.append(f'<div class="callout"><b>Not deterministic.</b> {_e(note)}</div>')
+    for note in truncation_notes(inp):
+        parts.append(f'<div class="callout"><b>Truncated outputs.</b> {_e(note)}</div>')
     parts += _results(inp)
     if figs.forest:
         alt = "forest plot of delta with the gate's and 95% CIs"
@@ -167,6 +183,7 @@ def render_html(inp: ReportInputs, figs: Figures) -> str:
     if figs.flips:
         parts += ["<h2>Flips</h2>", _img(figs.flips, "regressions and improvements per task")]
     parts += _kv_section(inp, figs)
+    parts.append(kv_provenance_section(inp))
     if c.distribution or figs.kl:
         parts.append("<h2>Distribution statistics (teacher-forced)</h2>")
         if c.distribution:

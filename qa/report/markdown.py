@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from qa.gate.summary import STATUS_MARK
 from qa.report import rows
-from qa.report.examples import record_ids, redacted
+from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.gather import ReportInputs, gated_estimate
-from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance
+from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance, truncation_notes
+from qa.report.provenance import markdown_section as kv_provenance_section
 from qa.textfmt import md_cell, percent
 
 FIGURE_TITLES = {"forest": "Forest plot of delta", "flips": "Flips"}
@@ -47,6 +48,7 @@ def _examples(inp: ReportInputs) -> list[str]:
             out.append(
                 f"- {md_cell(task)} {md_cell(e.item_id)}#{e.repeat} {e.direction}: target {md_cell(clip(e.target))}; "
                 f"baseline {md_cell(clip(e.extracted_baseline))}; candidate {md_cell(clip(e.extracted_candidate))}"
+                f"{md_cell(truncation_mark(e))}"
             )
     return out or ["- none recorded (no records in this run directory, or no score changed)"]
 
@@ -75,7 +77,9 @@ def render_markdown(inp: ReportInputs, figure_files: dict[str, str] | None = Non
         lines += ["", f"> **Accuracy carries no information here.** {md_cell(note)}"]
     for note in engine_notes(inp):
         lines += ["", f"> **Not deterministic.** {md_cell(note)}"]
-    cells = [rows.table_row(t, gated_estimate(c, t)) for t in v.tasks]
+    for note in truncation_notes(inp):
+        lines += ["", f"> **Truncated outputs.** {md_cell(note)}"]
+    cells = [rows.table_row(t, gated_estimate(c, t), c.generation_for(t.task)) for t in v.tasks]
     lines += ["", "## Results", ""] + md_table(rows.results_headers(v), [[_cell(x) for x in r] for r in cells], raw=True)
     fam = rows.family_false_alarm(v)
     if fam is not None:
@@ -83,10 +87,15 @@ def render_markdown(inp: ReportInputs, figure_files: dict[str, str] | None = Non
             "",
             f"Chance that at least one task fails the k-SE rule for an identical candidate: {percent(fam)}.",
         ]
+    gen = rows.generation_rows(c, v)
+    if gen:
+        lines += ["", "## Truncation and output length", ""]
+        lines += md_table(rows.GEN_HEADERS, [[_cell(x) for x in r] for r in gen], raw=True)
     for key, title in FIGURE_TITLES.items():
         if key in figure_files:
             lines += ["", f"## {title}", "", f"![{title}]({figure_files[key]})"]
     lines += _kv_section(inp, figure_files.get("kv"))
+    lines += kv_provenance_section(inp)
     if c.distribution:
         lines += ["", "## Distribution statistics (teacher-forced)", ""] + md_table(
             rows.DIST_HEADERS, [rows.dist_row(d) for d in c.distribution]

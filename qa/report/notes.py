@@ -1,5 +1,5 @@
 """The report's sentences (plain text, escaped by the renderer): call-outs for tasks where accuracy
-carries no information and for non-deterministic engines, the methods, and the provenance lines with
+carries no information, where an arm truncated, and for non-deterministic engines, the methods, and the provenance lines with
 secrets redacted."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import re
 
 from qa.report.gather import ReportInputs, gated_estimate
+from qa.textfmt import pts
 
 MAX_COMPLETION_CHARS = 600
 MAX_ENV_CHARS = 200
@@ -38,6 +39,25 @@ def floor_notes(inp: ReportInputs) -> list[str]:
         if kld is not None:
             text += f" KL divergence ({kld.task}): {kld.value:.4g} nats/token."
         notes.append(text)
+    return notes
+
+
+def truncation_notes(inp: ReportInputs) -> list[str]:
+    """Plain-text call-outs for gated tasks where either arm truncated (reached max_tokens before its
+    final answer): counts, rates, the paired change and what the truncation rule said."""
+    notes = []
+    for tv in inp.verdict.tasks:
+        gen = inp.comparison.generation_for(tv.task)
+        if gen is None or gen.truncation is None or not (gen.baseline.truncated or gen.candidate.truncated):
+            continue
+        b, c, t = gen.baseline, gen.candidate, gen.truncation
+        text = (f"{tv.task}: the candidate truncated {c.truncated} of {c.n_samples} samples "
+                f"({100 * (c.truncation_rate or 0):.1f}%), the baseline {b.truncated} "
+                f"({100 * (b.truncation_rate or 0):.1f}%); paired change {pts(t.delta)}")
+        tr = next((r for r in tv.rules if r.rule == "truncation"), None)
+        if tr is not None:
+            text += f"; truncation rule {tr.status}{'' if tr.decides else ' (reported only)'}: {tr.detail}"
+        notes.append(text + ". A truncated sample is scored on whatever answer it reached; see its records.")
     return notes
 
 
@@ -81,6 +101,13 @@ def methods(inp: ReportInputs) -> list[str]:
             "repeats the same test on item-mean differences (sign test); n10 == n01 gives p = 1"
         ),
         "Flips and answer agreement: Wilson 95% intervals; KL divergence SEs are clustered by text chunk",
+        (
+            "Truncation (a sample that reached max_tokens before its final answer): per arm, Wilson 95% intervals "
+            "(on the effective sample size when repeats or clusters correlate samples); the paired change in "
+            "truncation rate and in output tokens uses the accuracy methods above; the truncation rule passes "
+            "when the upper limit of the (1 - 2 alpha) CI lies below +truncation_margin and fails when its lower "
+            "limit lies above it; neither arm truncating is a pass, records that do not say are not gated"
+        ),
         f"Policy: {v.policy.name}; "
         + "; ".join(f"{t.task}: margin {100 * t.margin:.1f} pts, alpha {t.alpha:g}" for t in v.tasks),
     ]

@@ -1,12 +1,20 @@
 """The report's tables as plain-text cells (escaped by the renderer): one row per task, one per
-distribution statistic, and the KV-cache summary of kv_inspect.json (one row per format)."""
+generative task's truncation and output length, one per distribution statistic, and the KV-cache
+summary of kv_inspect.json (one row per format)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from qa.comparison import DistributionEstimate, Estimate, Interval
+from qa.comparison import (
+    ArmGeneration,
+    Comparison,
+    DistributionEstimate,
+    Estimate,
+    GenerationEstimate,
+    Interval,
+)
 from qa.gate.verdict import RuleResult, TaskVerdict, Verdict
 from qa.textfmt import percent, pts
 from quant.inspect import InspectReport, LayerReport
@@ -33,8 +41,9 @@ HEADERS = (
     "McNemar p",
     "MDE",
     "answer agreement",
+    "truncated",
 )
-NUM_COLS = frozenset({2, 3, 4, 5, 10})  # right-aligned columns of HEADERS
+NUM_COLS = frozenset({2, 3, 4, 5, 10, 12})  # right-aligned columns of HEADERS
 KIND_LABELS = {
     "decided": "",
     "errors": "too many errors",
@@ -62,6 +71,15 @@ DIST_LABELS = {
     "delta_p": "mean change in p(next token)",
     "log_ppl_ratio": "log perplexity ratio (cand / base)",
 }
+GEN_HEADERS = (
+    "task",
+    "truncated: baseline",
+    "truncated: candidate",
+    "change in truncation (pts)",
+    "truncation rule",
+    "output tokens: baseline → candidate",
+    "change in output tokens, 95% CI",
+)
 KV_HEADERS = (
     "format",
     "layers",
@@ -125,8 +143,23 @@ def _mcnemar_cell(est: Estimate) -> Cell:
     return Cell(p_text(mc.p_exact), f"{how}mid-p {p_text(mc.p_midp)}")
 
 
-def table_row(tv: TaskVerdict, est: Estimate | None) -> list[Cell]:
-    """The cells of one task's row (HEADERS order)."""
+def truncation_cell(tv: TaskVerdict, gen: GenerationEstimate | None) -> Cell:
+    """Truncation rates baseline → candidate, and below them the paired change with the gate's CI and
+    the truncation rule's status ('-' when the task's records do not say)."""
+    b, c = (gen.baseline, gen.candidate) if gen is not None else (None, None)
+    if b is None or c is None or b.truncation_rate is None:
+        return Cell("-", "not recorded" if gen is not None else "")
+    main = f"{share(b.truncation_rate)} → {share(c.truncation_rate)}"
+    tr = rule(tv, "truncation")
+    if tr is None or gen is None or gen.truncation is None:
+        return Cell(main)
+    ci = f", {round(100 * tr.ci_level)}% CI {ci_pts(tr.ci)}" if tr.ci is not None and tr.ci_level else ""
+    role = "" if tr.decides else " (reported)"
+    return Cell(main, f"{pts(gen.truncation.delta)}{ci}; {tr.status}{role}")
+
+
+def table_row(tv: TaskVerdict, est: Estimate | None, gen: GenerationEstimate | None = None) -> list[Cell]:
+    """The cells of one task's row (HEADERS order); `gen` is the task's truncation estimate."""
     head = [Cell(tv.task, tv.metric), Cell(tv.status.upper(), KIND_LABELS[tv.kind])]
     if est is None:
         return head + [Cell("-")] * (len(HEADERS) - 2)
@@ -158,7 +191,43 @@ def table_row(tv: TaskVerdict, est: Estimate | None) -> list[Cell]:
         _mcnemar_cell(est),
         mde,
         agree,
+        truncation_cell(tv, gen),
     ]
+
+
+def _arm_truncation(a: ArmGeneration) -> Cell:
+    if a.truncation_rate is None or a.truncation_ci95 is None:
+        return Cell("not recorded")
+    ci = a.truncation_ci95
+    return Cell(f"{a.truncated} / {a.n_samples} = {share(a.truncation_rate)}",
+                f"95% [{100 * ci.lower:.1f}, {100 * ci.upper:.1f}]")
+
+
+def generation_row(gen: GenerationEstimate, tv: TaskVerdict | None) -> list[Cell]:
+    """One generative task's truncation and output-length row (GEN_HEADERS order)."""
+    tr = rule(tv, "truncation") if tv is not None else None
+    change, verdict = Cell("-"), Cell("-", "not recorded" if gen.truncation is None else "")
+    if gen.truncation is not None:
+        t = gen.truncation
+        change = Cell(pts(t.delta), f"90% {ci_pts(t.ci90)}; 95% {ci_pts(t.ci95)}")
+    if tr is not None:
+        verdict = Cell(tr.status + ("" if tr.decides else " (reported)"), tr.detail)
+    tokens, tokens_change = Cell("-", "not recorded"), Cell("-")
+    b, c = gen.baseline.mean_output_tokens, gen.candidate.mean_output_tokens
+    if b is not None and c is not None:
+        tokens = Cell(f"{b:.1f} → {c:.1f}", f"mean per sample, {gen.candidate.n_output_tokens} samples")
+    o = gen.output_tokens
+    if o is not None and o.delta is not None:
+        ci = "-" if o.ci95 is None else f"[{o.ci95.lower:+.1f}, {o.ci95.upper:+.1f}]"
+        tokens_change = Cell(f"{o.delta:+.1f}", ci)
+    return [Cell(gen.task), _arm_truncation(gen.baseline), _arm_truncation(gen.candidate), change, verdict,
+            tokens, tokens_change]
+
+
+def generation_rows(comparison: Comparison, verdict: Verdict) -> list[list[Cell]]:
+    """One GEN_HEADERS row per generative task of the comparison that records truncation or length."""
+    by_task = {t.task: t for t in verdict.tasks}
+    return [generation_row(g, by_task.get(g.task)) for g in comparison.generation]
 
 
 def family_false_alarm(verdict: Verdict) -> float | None:

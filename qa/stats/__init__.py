@@ -7,6 +7,7 @@ with few discordant pairs; every random draw from `numpy.random.default_rng(seed
 
 Modules: `basic` (SEs, t and Wilson intervals, flips), `paired_tests` (McNemar / item sign test,
 Tango), `intervals` (the one function giving the CI of delta at any level), `power` (MDE, items and
-repeats needed), `bootstrap` (paired BCa), `estimate` (one Estimate per task/metric/filter).
+repeats needed), `bootstrap` (paired BCa), `estimate` (one Estimate per task/metric/filter),
+`generation` (truncation rates and output lengths per arm, their paired changes).
 Pass / fail / inconclusive is decided only in `qa.gate.rules`.
 """

@@ -20,11 +20,12 @@ from transformers.cache_utils import Cache
 
 from quant.errors import QuantError
 from quant.faults import fault_hooks
-from quant.formats import KVFormat, get_format
+from quant.formats import KVFormat
 from quant.kv.layer import LayerStorage, QuantizedKVLayer
 from quant.kv.rows import RowOpsMixin
 from quant.kv.shape import SLIDING_LAYER_TYPES, model_kv_shape
 from quant.kv.stream import StreamPlan
+from quant.kv_profiles import profile_format
 from quant.kv_spec import KVKind, KVQuantSpec
 from quant.scales import KVScales
 
@@ -128,12 +129,12 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
             f"(0..{num_layers - 1})"
         )
     scales = _checked_scales(spec, scales, num_layers, shape.num_kv_heads)
-    recent_fmt = get_format(spec.recent_format) if spec.recent_window else None
+    recent_fmt = profile_format(None, spec.recent_format) if spec.recent_window else None
     if recent_fmt is not None:
         _check_format_fits(recent_fmt, shape.head_dim, "recent_format")
     layers: list[QuantizedKVLayer] = []
     for i, (layer_type, window) in enumerate(zip(shape.layer_types, shape.sliding_windows)):
-        fmt = get_format(spec.layer_format(i))
+        fmt = profile_format(spec.profile, spec.layer_format(i))
         _check_format_fits(fmt, shape.head_dim, i)
         layer_recent = None if fmt.name == "none" else recent_fmt
         kinds: tuple[KVKind, KVKind] = ("k", "v")

@@ -150,3 +150,17 @@ def test_arm_config_rejects_bad_names_and_unknown_keys() -> None:
         parse_arm({"name": "a", "model": "m", "limits": 3})
     assert ArmConfig(name="a", model="m").repeats == 1
     assert ArmTask("gsm8k").options.num_fewshot is None
+
+
+def test_a_reused_arm_records_its_source_outside_the_fingerprint(tmp_path: Path) -> None:
+    from evals.arm import ReusedFrom
+
+    data = {"schema_version": 1, "fingerprint": "f" * 64, "tasks": {},
+            "config": {"name": "baseline", "model": "m", "model_file_hash": None, "engine": "hf", "engine_args": {},
+                       "engine_files": {}, "limit": None, "repeats": 1, "seed": 0}}
+    plain = ArmManifest.model_validate(data)
+    reused = plain.model_copy(update={"reused_from": ReusedFrom(run_dir="/runs/old", fingerprint="f" * 64)})
+    reused.save(tmp_path / "arm.json")
+    back = ArmManifest.load(tmp_path / "arm.json")
+    assert back.reused_from == ReusedFrom(run_dir="/runs/old", fingerprint="f" * 64)
+    assert back.fingerprint == plain.fingerprint and "reused_from" not in plain.to_json()

@@ -60,3 +60,33 @@ def test_bad_env_files_are_one_line_record_errors(tmp_path: Path, content: str, 
     assert "\n" not in str(info.value)
     with pytest.raises(RecordError, match="cannot read"):
         EnvInfo.load(tmp_path / "missing.json")
+
+
+def test_arm_env_is_recorded_with_secrets_redacted(tmp_path: Path) -> None:
+    from evals.env import REDACTED, redact_env
+
+    given = {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_TOKEN": "hf_must_not_appear", "MY_API_KEY": "key-must-not-appear",
+             "DB_PASSWORD": "pw-must-not-appear", "AWS_SECRET_ACCESS_KEY": "aws-must-not-appear",
+             "GOOGLE_APPLICATION_CREDENTIALS": "/creds-must-not-appear.json"}
+    assert redact_env(given) == {"VLLM_CPU_KVCACHE_SPACE": "4", **{k: REDACTED for k in list(given)[1:]}}
+    env = collect_env(model_hashes={}, data_hashes={}, arm_env={"candidate": given, "baseline": {}})
+    path = tmp_path / "env.json"
+    env.write(path)
+    text = path.read_text()
+    assert all(v not in text for k, v in given.items() if k != "VLLM_CPU_KVCACHE_SPACE")
+    assert EnvInfo.load(path).arm_env == {"candidate": redact_env(given)}  # arms without env left out
+
+
+def test_arm_manifest_records_env_redacted_and_old_fingerprints_stay() -> None:
+    from evals.arm import ArmConfig, arm_manifest
+    from evals.env import REDACTED
+    from evals.models import ResolvedModel
+
+    model = ResolvedModel(name="m", path=None, hub_id="org/m", file_hash=None)
+    plain = arm_manifest(ArmConfig(name="a", model="m", engine="hf", engine_args={}), model, [])
+    assert "env" not in plain.config.canonical() and "env" not in plain.to_json()["config"]  # type: ignore[operator]
+    with_env = arm_manifest(ArmConfig(name="a", model="m", engine="hf", engine_args={},
+                                      env={"VLLM_CPU_KVCACHE_SPACE": "4", "HF_TOKEN": "hf_must_not_appear"}),
+                            model, [])
+    assert with_env.config.canonical()["env"] == {"VLLM_CPU_KVCACHE_SPACE": "4", "HF_TOKEN": REDACTED}
+    assert with_env.fingerprint != plain.fingerprint and "hf_must_not_appear" not in json.dumps(with_env.to_json())

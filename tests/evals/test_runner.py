@@ -256,3 +256,51 @@ def test_run_arm_writes_manifest_and_refuses_another_config(tmp_path: Path) -> N
     with pytest.raises(RecordError, match="other options"):
         run_arm(config, [replace(task, n_items=6)], run, progress=False)
     assert {p.name: _sha(p) for p in arm_dir.iterdir()} == snapshot
+
+
+# ------------------------------------------------------------------------------------ reasoning
+
+
+@dataclass(frozen=True)
+class ThinkTask(EchoTask):
+    """EchoTask with its own reasoning delimiters."""
+
+    think_tags: tuple[str, str] | None = ("<r>", "</r>")
+
+
+class ReasoningEngine(FakeEngine):
+    """Reasons before answering: n % 3 == 0 closes its reasoning and answers, 1 runs out of tokens
+    inside it, 2 returns a server-style `reasoning` field and runs out inside it (no content)."""
+
+    def generate(self, requests: list[engine_base.GenerateRequest]) -> list[engine_base.GenerateResult | engine_base.Failure]:
+        out: list[engine_base.GenerateResult | engine_base.Failure] = []
+        for r in requests:
+            n = int(r.prompt.split()[-1])
+            if n % 3 == 0:
+                out.append(engine_base.GenerateResult(f"<r>{n} is {n}</r> {n}", 9, "stop"))
+            elif n % 3 == 1:
+                out.append(engine_base.GenerateResult(f"<r>{n} is", 4, "length"))
+            else:
+                out.append(engine_base.GenerateResult("", 4, "length", reasoning=f"{n} is"))
+        return out
+
+
+def test_only_the_answer_is_scored_and_truncation_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "think.jsonl"
+    run_task(ReasoningEngine(), ThinkTask(n_items=6), arm="a", out_path=path, progress=False)
+    by_n = {int(r.item_id[1:]): r for r in read_records(path)}
+    for n in (0, 3):  # closed reasoning, answered: scored on the answer alone
+        rec = by_n[n]
+        assert (rec.completion, rec.reasoning, rec.truncated) == (f" {n}", f"{n} is {n}", False)
+        assert rec.scores == {"exact_match,none": 1.0} and rec.finish_reason == "stop" and rec.output_tokens == 9
+    for n in (1, 4):  # max_tokens inside the reasoning: truncated, scored as the task scores it (no answer)
+        rec = by_n[n]
+        assert (rec.completion, rec.reasoning, rec.truncated, rec.finish_reason) == ("", f"{n} is", True, "length")
+        assert rec.scores == {"exact_match,none": 0.0} and rec.output_tokens == 4
+    for n in (2, 5):  # the server split the reasoning off and never started the answer
+        rec = by_n[n]
+        assert (rec.completion, rec.reasoning, rec.truncated) == ("", f"{n} is", True)
+    # a wrong but complete answer at a stop is not truncated; the default tags apply to a task without any
+    run_task(FakeEngine(wrong={1}), EchoTask(n_items=3), arm="a", out_path=tmp_path / "plain.jsonl", progress=False)
+    plain = read_records(tmp_path / "plain.jsonl")
+    assert [r.truncated for r in plain] == [False] * 3 and [r.reasoning for r in plain] == [None] * 3

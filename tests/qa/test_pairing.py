@@ -7,7 +7,7 @@ import pytest
 
 from evals.records import SampleRecord
 from qa.errors import PairingError
-from qa.pairing import pair_records, paired_metric, paired_metrics, score_keys, split_key
+from qa.pairing import pair_records, paired_generation, paired_metric, paired_metrics, score_keys, split_key
 
 
 def rec(arm: str, item: str, repeat: int = 0, *, task: str = "t", scores: dict | None = None, prompt: str | None = None,
@@ -114,3 +114,23 @@ def test_every_metric_filter_becomes_a_paired_metric_with_agreement() -> None:
 def test_non_binary_scores_flagged() -> None:
     pm = paired_metric(pair_records([rec("b", "1", scores={"f1,none": 0.5})], [rec("c", "1", scores={"f1,none": 1.0})])[0], "f1,none")
     assert not pm.binary and pm.extracted_same is None
+
+
+def test_generation_fields_reduce_like_scores() -> None:
+    def g(arm: str, item: str, repeat: int, truncated: bool | None, tokens: int | None) -> SampleRecord:
+        return rec(arm, item, repeat, completion="x").model_copy(update={"truncated": truncated, "output_tokens": tokens})
+
+    base = [g("b", "1", 0, True, 256), g("b", "1", 1, False, 40), g("b", "2", 0, False, 30), g("b", "2", 1, None, 99)]
+    cand = [g("c", "1", 0, True, 256), g("c", "1", 1, True, 256), g("c", "2", 0, False, 50), g("c", "2", 1, False, 60)]
+    (pt,) = pair_records(base, cand)
+    trunc = paired_generation(pt, "truncated")
+    assert (trunc.metric, trunc.filter, trunc.binary) == ("truncated", "none", True)
+    assert (trunc.n_errors_baseline, trunc.n_errors_candidate) == (1, 0)  # item 2 repeat 1: not recorded
+    assert trunc.repeats.tolist() == [2, 1]
+    np.testing.assert_allclose(trunc.base, [0.5, 0.0])
+    np.testing.assert_allclose(trunc.cand, [1.0, 0.0])
+    assert trunc.extracted_same is None and trunc.completion_same is None  # no answer agreement for a field
+    tokens = paired_generation(pt, "output_tokens")
+    assert not tokens.binary and tokens.repeats.tolist() == [2, 2]
+    np.testing.assert_allclose(tokens.base, [148.0, 64.5])
+    np.testing.assert_allclose(tokens.cand, [256.0, 55.0])

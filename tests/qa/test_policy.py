@@ -101,3 +101,14 @@ def test_sha256_changes_with_content() -> None:
     b = parse_policy("[default]\nmargin = 0.03")
     assert a.sha256() != b.sha256()
     assert a.sha256() == parse_policy("[default]\nmargin = 0.02").sha256()
+
+
+def test_default_policy_gates_truncation_and_names_the_model_card_filters() -> None:
+    p = default_policy()
+    assert (p.default.gate_truncation, p.default.truncation_margin) == (True, 0.02)
+    assert "truncation_margin = 0.02" in default_policy_text()
+    assert p.for_task("gsm8k_cot_llama").metric == "exact_match,strict-match"
+    assert p.for_task("gsm8k_cot_zeroshot").metric == "exact_match,flexible-extract"
+    assert p.for_task("gsm8k_cot_llama").truncation_margin == 0.02  # task entries inherit [default]
+    for subset in ("diamond", "main", "extended"):
+        assert p.for_task(f"gpqa_{subset}_cot_modelcard").metric == "exact_match,strict-match"

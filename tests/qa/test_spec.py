@@ -47,7 +47,12 @@ def test_every_shipped_example_is_valid(path):
         (MINIMAL + "\nsurprise = 1\n", "surprise: unknown key"),
         (MINIMAL.replace('limit = 10', 'limt = 10'), "tasks.0.limt: unknown key"),
         (MINIMAL.replace('limit = 10', 'limit = 0'), "tasks.0.limit"),
-        (MINIMAL.replace('[arms.candidate]\nengine = "hf"\n', ""), "missing arm(s) candidate"),
+        (MINIMAL.replace('[arms.candidate]\nengine = "hf"\n', ""), "no candidate arm"),
+        (MINIMAL.replace('[arms.baseline]', '[arms.base]'), "missing arm baseline"),
+        (MINIMAL.replace('[arms.candidate]', '[arms."nv fp4"]'), "arm name 'nv fp4'"),
+        (MINIMAL.replace('[arms.candidate]', '[arms.kv-inspect]'), "arm name 'kv-inspect'"),
+        (MINIMAL.replace('[arms.candidate]\n', '[arms.candidate]\nfrom = "runs/old"\n'),
+         "arms.candidate.from: only the baseline"),
         (MINIMAL.replace('engine = "hf"', 'engine = "hff"', 1), "arms.baseline.engine"),
         (MINIMAL.replace('name = "t"', 'name = "a b/c"'), "name"),
         ("name = ", "not valid TOML"),
@@ -134,3 +139,18 @@ def test_engine_args_are_parsed_once_by_the_engines_model() -> None:
     with pytest.raises(SpecError, match=r"arms.candidate: hf engine: unknown argument 'batch_sise'; did you mean 'batch_size'\?"):
         parse_spec('name = "s"\n[arms.baseline]\n[arms.candidate]\nengine_args = { batch_sise = 4 }\n'
                    '[[tasks]]\nname = "arc_easy"\n')
+
+
+def test_candidates_are_every_arm_but_baseline_and_rerun_in_spec_order():
+    legacy = parse_spec(MINIMAL)
+    assert legacy.candidates == ["candidate"] and not legacy.per_candidate_dirs
+    text = MINIMAL.replace("[arms.candidate]", "[arms.rerun]\nengine = \"hf\"\n[arms.nvfp4_kv]") + \
+        '\n[arms.replay]\nengine = "hf"\n'
+    several = parse_spec(text)
+    assert several.candidates == ["nvfp4_kv", "replay"] and several.per_candidate_dirs
+    assert parse_spec(dump_spec(several)).candidates == ["nvfp4_kv", "replay"]  # spec.toml keeps the order
+    one_renamed = parse_spec(MINIMAL.replace("[arms.candidate]", "[arms.nvfp4_kv]"))
+    assert one_renamed.per_candidate_dirs  # only an arm named "candidate" keeps the root layout
+    reused = parse_spec(MINIMAL.replace("[arms.baseline]\n", '[arms.baseline]\nfrom = "runs/old"\n'))
+    assert reused.arms["baseline"].from_run == "runs/old"
+    assert parse_spec(dump_spec(reused)).arms["baseline"].from_run == "runs/old"

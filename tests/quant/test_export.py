@@ -9,7 +9,14 @@ import torch
 from safetensors import safe_open
 
 from quant.errors import QuantError
-from quant.export import SCALES_FILE, SCHEME_FILE, export_scales, kv_cache_scheme
+from quant.export import (
+    INDEX_FILE,
+    SCALES_FILE,
+    SCHEME_FILE,
+    export_model_folder,
+    export_scales,
+    kv_cache_scheme,
+)
 from quant.scales import CalibrationData, KVScales, ScalesMeta
 
 
@@ -94,3 +101,58 @@ def test_unexportable_combinations_raise(tmp_path):
     with pytest.raises(QuantError, match="unknown export target"):
         export_scales(_scales(), "tensorrt", tmp_path)  # type: ignore[arg-type]
     assert not (tmp_path / SCALES_FILE).exists()  # nothing written when the export cannot be completed
+
+
+def _model_folder(root, layers: int = 3, index: bool = False):
+    """A stand-in model folder: config.json, one weights file, a tokenizer file, a provenance stamp."""
+    from safetensors.torch import save_file
+
+    root.mkdir()
+    (root / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": layers}))
+    save_file({"model.embed_tokens.weight": torch.ones(4, 2)}, str(root / "model.safetensors"))
+    (root / "tokenizer.json").write_text("{}")
+    (root / "SOURCE_SHA256").write_text("abc  x.gguf\n")
+    if index:
+        (root / INDEX_FILE).write_text(json.dumps({"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}))
+    return root
+
+
+def test_model_folder_has_config_scheme_weights_and_scales(tmp_path):
+    src = _model_folder(tmp_path / "m", index=True)
+    scales = _scales("fp8_e4m3", "head")
+    written = export_model_folder(scales, src, tmp_path / "out")
+    out = tmp_path / "out"
+    assert sorted(p.name for p in written) == sorted(
+        ["config.json", "model.safetensors", "tokenizer.json", INDEX_FILE, SCALES_FILE])
+    assert not (out / "SOURCE_SHA256").exists()  # the export is another model than the stamped source
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 3 and config["model_type"] == "llama"
+    qc = config["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["config_groups"] == {}  # no weight is quantized
+    assert qc["kv_cache_scheme"] == {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                                     "symmetric": True}
+    assert (out / "model.safetensors").read_bytes() == (src / "model.safetensors").read_bytes()
+    weight_map = json.loads((out / INDEX_FILE).read_text())["weight_map"]
+    assert weight_map["model.layers.2.self_attn.v_scale"] == SCALES_FILE
+    assert weight_map["model.embed_tokens.weight"] == "model.safetensors"
+    with safe_open(str(out / SCALES_FILE), "pt") as f:  # head scales: one per layer, the max over heads
+        assert float(f.get_tensor("model.layers.0.self_attn.k_scale")) == pytest.approx(3.0 / 448, rel=1e-7)
+        assert float(f.get_tensor("model.layers.1.self_attn.v_scale")) == pytest.approx(6.0 / 448, rel=1e-7)
+
+
+def test_model_folder_refusals(tmp_path):
+    src = _model_folder(tmp_path / "m")
+    with pytest.raises(QuantError, match="FP8 E4M3"):
+        export_model_folder(_scales("nvfp4"), src, tmp_path / "a")
+    with pytest.raises(QuantError, match="new folder"):
+        export_model_folder(_scales("fp8_e4m3"), src, src)
+    with pytest.raises(QuantError, match="3 layers, the model has 5"):
+        export_model_folder(_scales("fp8_e4m3"), _model_folder(tmp_path / "five", layers=5), tmp_path / "b")
+    export_model_folder(_scales("fp8_e4m3"), src, tmp_path / "c")
+    with pytest.raises(QuantError, match="not an empty folder"):
+        export_model_folder(_scales("fp8_e4m3"), src, tmp_path / "c")
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(QuantError, match="already has a quantization_config"):
+        export_model_folder(_scales("fp8_e4m3"), src, tmp_path / "d")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "d").exists()

@@ -58,6 +58,12 @@ def build(model: ResolvedModel, args: HFEngineArgs) -> HFEngine:
         raise EngineError(f"hf engine: device {args.device!r} requested but CUDA is not available; use device = 'cpu'")
     hf_model, tokenizer = load_model(model, dtype=args.dtype, device=args.device,
                                      trust_remote_code=args.trust_remote_code)
+    if args.kv is not None:
+        from quant.kv.attention import profile_attention
+
+        attention = profile_attention(args.kv)  # an engine profile that also rounds Q or flushes small products
+        if attention is not None:
+            hf_model.set_attn_implementation(attention)
     engine = HFEngine(hf_model, tokenizer, args, model.name, scales=scales)
     if args.kv is not None:
         try:  # fail at build time, not on the first sample, when the spec does not fit the model

@@ -1,10 +1,18 @@
-"""HTTP to one OpenAI-compatible server: bounded thread pool, per-request timeouts, retries with
-seeded exponential backoff, and the API key.
+"""HTTP to one OpenAI-compatible deployment (one server, or several replicas of it): bounded thread
+pool, per-request timeouts, retries with seeded exponential backoff, and the API key.
 
-Traffic goes only to `base_url` (no redirects, no proxy from the environment). The key is read from
-the environment variable named by `api_key_env` and lives only in the client's headers. Transient
-failures (connection errors, timeouts, 408/409/425/429/5xx) are retried with exponential backoff and
-jitter drawn from an RNG seeded by (seed, request number, attempt); other HTTP errors are not.
+Traffic goes only to `base_url` / the `base_urls` replicas (no redirects, no proxy from the
+environment). The key is read from the environment variable named by `api_key_env` and lives only in
+the client's headers. Transient failures (connection errors, timeouts, 408/409/425/429/5xx) are
+retried with exponential backoff and jitter drawn from an RNG seeded by (seed, request number,
+attempt); other HTTP errors are not.
+
+Replicas: request number k starts on replica k mod n (round robin); `concurrency` bounds the requests
+in flight over all of them. A replica that fails transiently is skipped by every request until its
+backoff has passed, and the failed request's next attempt goes to the next replica at once (no
+wait while another replica is up); the attempts of a request are counted over all replicas. Each
+request yields exactly one result in its own slot, so a replica's failure never loses or duplicates
+a sample, and `map` keeps request order.
 """
 
 from __future__ import annotations
@@ -16,13 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import httpx
 from pydantic import JsonValue
 
 from evals.engines.base import Failure
-from evals.engines.openai_api.args import OpenAIArgs, validate_base_url
+from evals.engines.openai_api.args import OpenAIArgs
 from evals.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -64,21 +73,35 @@ def retry_after_s(resp: httpx.Response) -> float | None:
         return None
 
 
+@dataclass
+class Replica:
+    """One server of the deployment: its URL, its HTTP client, and until when it is skipped."""
+
+    url: str
+    http: httpx.Client
+    down_until: float = 0.0  # time.monotonic() before which requests go elsewhere (it just failed)
+
+
 class ApiClient:
-    """One server's HTTP client and worker pool; `map` runs calls concurrently, results in order."""
+    """One deployment's HTTP clients (a replica each) and worker pool; `map` runs calls concurrently,
+    results in order."""
 
     def __init__(self, args: OpenAIArgs, *, api_key: str | None = None) -> None:
         self.args = args
-        self.base_url = validate_base_url(args.base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers=headers,
-            follow_redirects=False,
-            trust_env=False,
-            timeout=httpx.Timeout(args.timeout_s, connect=min(CONNECT_TIMEOUT_S, args.timeout_s)),
-            limits=httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency),
-        )
+        self.replicas = [
+            Replica(url, httpx.Client(
+                base_url=url,
+                headers=headers,
+                follow_redirects=False,
+                trust_env=False,
+                timeout=httpx.Timeout(args.timeout_s, connect=min(CONNECT_TIMEOUT_S, args.timeout_s)),
+                limits=httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency),
+            ))
+            for url in args.replica_urls()
+        ]
+        self.base_url = self.replicas[0].url  # the first replica: the one messages name
+        self.base_urls = tuple(r.url for r in self.replicas)
         self._pool = ThreadPoolExecutor(max_workers=args.concurrency, thread_name_prefix="openai-engine")
         self._counter = 0  # numbers requests so each one's jitter stream is fixed by the seed
         self._lock = threading.Lock()
@@ -91,37 +114,56 @@ class ApiClient:
             0.5 + 0.5 * rng.random()
         )
 
-    def request(self, method: str, path: str, key: int,
-                payload: Mapping[str, JsonValue] | None = None) -> JsonValue:
-        """One call with retries; the decoded JSON, or RequestRejected / RetriesExhausted."""
+    def pick(self, key: int, attempt: int) -> Replica:
+        """The replica attempt `attempt` of request `key` goes to: from replica (key + attempt) mod n on,
+        the first one not skipped (all skipped: that first one)."""
+        n = len(self.replicas)
+        order = [self.replicas[(key + attempt + i) % n] for i in range(n)]
+        now = time.monotonic()
+        return next((r for r in order if r.down_until <= now), order[0])
+
+    def request(self, method: str, path: str, key: int, payload: Mapping[str, JsonValue] | None = None, *,
+                replica: Replica | None = None) -> JsonValue:
+        """One call with retries (over the replicas, or only `replica`); the decoded JSON, or
+        RequestRejected / RetriesExhausted."""
         error = ""
         attempts = self.args.max_retries + 1
         for attempt in range(attempts):
+            target = replica or self.pick(key, attempt)
             retry_after: float | None = None
             try:
-                resp = self._http.request(method, path, json=payload)
+                resp = target.http.request(method, path, json=payload)
             except httpx.TimeoutException:
-                error = f"timed out after {self.args.timeout_s:g} s"
+                error = f"{target.url}: timed out after {self.args.timeout_s:g} s"
             except httpx.TransportError as exc:
-                error = f"connection failed ({type(exc).__name__})"
+                error = f"{target.url}: connection failed ({type(exc).__name__})"
             else:
                 if resp.status_code == 200:
                     try:
-                        return resp.json()
+                        body = resp.json()
                     except ValueError:
-                        error = "the server answered 200 with a body that is not JSON"
+                        error = f"{target.url}: the server answered 200 with a body that is not JSON"
+                    else:
+                        target.down_until = 0.0
+                        return body
                 elif resp.status_code in RETRY_STATUS:
-                    error = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    error = f"{target.url}: HTTP {resp.status_code}: {resp.text[:200]}"
                     retry_after = retry_after_s(resp)
                 else:
                     raise RequestRejected(f"HTTP {resp.status_code}: {resp.text[:300]}")
+            wait = self.backoff_s(key, attempt)
+            if retry_after is not None:
+                wait = max(wait, min(retry_after, self.args.backoff_max_s))
+            target.down_until = time.monotonic() + wait
             if attempt + 1 < attempts:
-                wait = self.backoff_s(key, attempt)
-                if retry_after is not None:
-                    wait = max(wait, min(retry_after, self.args.backoff_max_s))
-                log.info("request %d: %s; retry %d/%d in %.2f s", key, error, attempt + 1,
-                         self.args.max_retries, wait)
-                time.sleep(wait)
+                following = replica or self.pick(key, attempt + 1)
+                if following is target or following.down_until > time.monotonic():
+                    log.info("request %d: %s; retry %d/%d in %.2f s", key, error, attempt + 1,
+                             self.args.max_retries, wait)
+                    time.sleep(wait)
+                else:
+                    log.info("request %d: %s; retry %d/%d on %s", key, error, attempt + 1,
+                             self.args.max_retries, following.url)
         raise RetriesExhausted(f"{error} (gave up after {attempts} attempts)")
 
     def completion(self, model: str, payload: Mapping[str, JsonValue], key: int) -> Mapping[str, JsonValue]:
@@ -131,19 +173,37 @@ class ApiClient:
             raise RequestRejected("the response has no choices")
         return body
 
+    def chat(self, model: str, payload: Mapping[str, JsonValue], key: int) -> Mapping[str, JsonValue]:
+        """POST /chat/completions for `model`; the body, which has at least one choice."""
+        body = self.request("POST", "/chat/completions", key, {"model": model, **payload})
+        if not isinstance(body, Mapping) or not isinstance(body.get("choices"), list) or not body["choices"]:
+            raise RequestRejected("the response has no choices")
+        return body
+
     def served_model(self) -> str:
-        """The one model GET /models lists; EngineError when the server is down or lists another number."""
-        try:
-            body = self.request("GET", "/models", key=-1)
-        except (RequestRejected, RetriesExhausted) as exc:
+        """The one model GET /models lists (every replica that answers must list the same one);
+        EngineError when none answers or they list another number."""
+        found: dict[str, list[object]] = {}
+        for replica in self.replicas:
+            try:
+                body = self.request("GET", "/models", key=-1, replica=replica)
+            except (RequestRejected, RetriesExhausted) as exc:
+                log.warning("cannot list models at %s/models (%s)", replica.url, exc)
+                continue
+            data = body.get("data", []) if isinstance(body, Mapping) else []
+            found[replica.url] = [m.get("id") for m in data if isinstance(m, Mapping)] if isinstance(data, list) else []
+        if not found:
             raise EngineError(
-                f"cannot list models at {self.base_url}/models ({exc}); is the server up? Or set served_model"
-            ) from None
-        data = body.get("data", []) if isinstance(body, Mapping) else []
-        ids = [m.get("id") for m in data if isinstance(m, Mapping)] if isinstance(data, list) else []
+                f"cannot list models at {self.base_url}/models; is the server up? Or set served_model"
+            )
+        url, ids = next(iter(found.items()))
         if len(ids) != 1 or not isinstance(ids[0], str):
             served = ids or "no models"
-            raise EngineError(f"the server at {self.base_url} serves {served}; name one with served_model")
+            raise EngineError(f"the server at {url} serves {served}; name one with served_model")
+        other = next((u for u, i in found.items() if i != ids), None)
+        if other is not None:
+            raise EngineError(f"the replicas serve different models ({url}: {ids}, {other}: {found[other]}); "
+                              "base_urls must list replicas of one deployment")
         return ids[0]
 
     def map(self, fn: Callable[[T, int], R], items: Sequence[T]) -> list[R | Failure]:
@@ -163,4 +223,5 @@ class ApiClient:
     def close(self) -> None:
         """Stop the worker threads and close the connections."""
         self._pool.shutdown(wait=True)
-        self._http.close()
+        for replica in self.replicas:
+            replica.http.close()

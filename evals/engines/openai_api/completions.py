@@ -1,9 +1,12 @@
-"""The `openai` engine's three request kinds over `/completions`.
+"""The `openai` engine's three request kinds over `/completions` (generation over `/chat/completions`
+with `api = "chat"`: chat.py).
 
-Generation is a plain completions call. Log-likelihood and teacher-forced token distributions use
-`echo` + `logprobs` on a prompt of token ids (tokenised locally with the model's tokenizer, split as
-lm-eval splits context and continuation) and read the prompt tokens' log-probabilities back, as
-lm-eval's `local-completions` does. A server that does not echo prompt log-probs (llama.cpp's server
+Generation is a plain completions call of the rendered prompt, or a chat call of its messages. A
+sampling key the server would ignore (top_k, min_p on a server not known to honour them: sampling.py)
+is refused with an EngineError before any request is sent. Log-likelihood and teacher-forced token
+distributions use `echo` + `logprobs` on a prompt of token ids (tokenised locally with the model's
+tokenizer, split as lm-eval splits context and continuation) and read the prompt tokens'
+log-probabilities back, as lm-eval's `local-completions` does. A server that does not echo prompt log-probs (llama.cpp's server
 ignores `echo`) is detected by a probe and refused for those tasks with an EngineError, never
 answered with wrong numbers. A request that still fails after the client's retries is answered with
 `base.Failure(error)` in its slot.
@@ -23,7 +26,9 @@ from pydantic import JsonValue
 from evals.engines import base
 from evals.engines.lmeval_tokens import PairTokenizer, encode_pair
 from evals.engines.openai_api.args import OpenAIArgs
+from evals.engines.openai_api.chat import NO_SCORING_HINT, chat_payload, check_chat_requests, parse_chat
 from evals.engines.openai_api.client import ApiClient, RequestRejected, RetriesExhausted, api_key_from_env
+from evals.engines.openai_api.sampling import ServerKind, check_sampling, kind_from_models, sampling_body
 from evals.engines.stops import cut_at_stop
 from evals.errors import EngineError
 from evals.models import ResolvedModel
@@ -106,6 +111,7 @@ class OpenAIEngine:
         self._echo_ok: bool | None = args.echo
         try:
             self.served_model = args.served_model or self.client.served_model()
+            self.server_kind: ServerKind = args.server_kind or self._detect_kind()
         except BaseException:
             self.client.close()
             raise
@@ -116,6 +122,8 @@ class OpenAIEngine:
             details={
                 "base_url": self.base_url,
                 "served_model": self.served_model,
+                "api": args.api,
+                "server": self.server_kind,
                 "concurrency": str(args.concurrency),
                 "max_retries": str(args.max_retries),
                 "timeout_s": str(args.timeout_s),
@@ -138,6 +146,22 @@ class OpenAIEngine:
                         f"{str(exc).splitlines()[0]}; set tokenizer"
                     ) from None
             return self._tokenizer
+
+    def _detect_kind(self) -> ServerKind:
+        """The server kind GET /models names by `owned_by` ("openai" when it names none we know)."""
+        try:
+            return kind_from_models(self.client.request("GET", "/models", key=-1))
+        except (RequestRejected, RetriesExhausted) as exc:
+            log.warning("cannot read the server kind off %s/models (%s); treating it as 'openai'", self.base_url, exc)
+            return "openai"
+
+    def _count_tokens(self, text: str) -> int:
+        """Tokens of generated text as the model's tokenizer splits it (when the server did not count)."""
+        return len(self.tokenizer().encode(text, add_special_tokens=False))
+
+    def _refuse_chat_scoring(self) -> None:
+        if self.args.api == "chat":
+            raise EngineError(f"{self.base_url}: {NO_SCORING_HINT}")
 
     def _completion(self, payload: Mapping[str, JsonValue], key: int) -> Mapping[str, Any]:
         return self.client.completion(self.served_model, payload, key)
@@ -163,19 +187,20 @@ class OpenAIEngine:
     # -- the three request kinds -----------------------------------------------------------------
 
     def generate(self, requests: list[base.GenerateRequest]) -> list[base.GenerateResult | base.Failure]:
-        """Completions for each request (stop strings cut the text, as lm-eval's `until` does)."""
+        """Completions (or chat completions) for each request; stop strings cut the text, as
+        lm-eval's `until` does. A key the server ignores is an EngineError before anything is sent."""
+        check_sampling(self.server_kind, self.args.api, requests, self.base_url)
+        if self.args.api == "chat":
+            check_chat_requests(requests, self.base_url)
+
+            def chat(req: base.GenerateRequest, key: int) -> base.GenerateResult:
+                body = self.client.chat(self.served_model, chat_payload(req, self.server_kind), key)
+                return parse_chat(body, req, self._count_tokens)
+
+            return self.client.map(chat, requests)
 
         def one(req: base.GenerateRequest, key: int) -> base.GenerateResult:
-            payload: dict[str, JsonValue] = {
-                "prompt": req.prompt,
-                "max_tokens": req.max_tokens,
-                "temperature": req.temperature,
-                "top_p": req.top_p,
-            }
-            if req.until:
-                payload["stop"] = list(req.until)
-            if req.seed is not None:
-                payload["seed"] = req.seed
+            payload: dict[str, JsonValue] = {"prompt": req.prompt, **sampling_body(self.server_kind, req, "completions")}
             body = self._completion(payload, key)
             choice = body["choices"][0]
             body_text = choice.get("text")
@@ -184,10 +209,7 @@ class OpenAIEngine:
             text = cut_at_stop(body_text, req.until)
             usage = body.get("usage")
             counted = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
-            if isinstance(counted, int):
-                tokens = counted
-            else:  # the server did not count: count the text as the model's tokenizer splits it
-                tokens = len(self.tokenizer().encode(text, add_special_tokens=False))
+            tokens = counted if isinstance(counted, int) else self._count_tokens(text)
             finish = "length" if choice.get("finish_reason") == "length" else "stop"
             return base.GenerateResult(text=text, output_tokens=tokens, finish_reason=finish)
 
@@ -197,6 +219,7 @@ class OpenAIEngine:
         """Sum of continuation token log-probs per continuation (nats), and whether each is greedy."""
         if not requests:
             return []
+        self._refuse_chat_scoring()
         self._require_echo()
         tok = self.tokenizer()
         # Tokenise here, on one thread: the pool only does I/O and parsing.
@@ -230,6 +253,7 @@ class OpenAIEngine:
         """Teacher-forced top-k next-token distributions over each text (first `max_tokens` tokens)."""
         if not requests:
             return []
+        self._refuse_chat_scoring()
         self._require_echo()
         tok = self.tokenizer()
         encoded = [(list(tok.encode(req.text))[: req.max_tokens], req.top_k) for req in requests]

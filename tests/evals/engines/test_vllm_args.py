@@ -57,3 +57,28 @@ def test_the_args_module_imports_neither_vllm_nor_torch() -> None:
     code = "import sys, evals.engines.vllm_args; print(sorted({'vllm', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_cli_flags_take_the_forms_vllms_argparse_parses() -> None:
+    from evals.engines.vllm_args import cli_flag, cli_flags
+
+    assert cli_flag("enable_prefix_caching", True) == ["--enable-prefix-caching"]
+    assert cli_flag("enable_prefix_caching", False) == ["--no-enable-prefix-caching"]  # BooleanOptionalAction
+    assert cli_flag("kv_cache_memory_bytes", 1 << 30) == ["--kv-cache-memory-bytes", "1073741824"]
+    assert cli_flag("gpu_memory_utilization", 0.9) == ["--gpu-memory-utilization", "0.9"]
+    assert cli_flag("hf_overrides", {"rope_theta": 1e6, "a": {"b": [1]}}) == [
+        "--hf-overrides", '{"rope_theta":1000000.0,"a":{"b":[1]}}']  # JSON, as its dict type parses
+    assert cli_flag("middleware", ["a.B", "c.D"]) == ["--middleware", "a.B", "c.D"]  # nargs="+"
+    assert cli_flag("cudagraph_capture_sizes", [1, 2]) == ["--cudagraph-capture-sizes", "1", "2"]
+    assert cli_flags({"a_b": "x", "c": True}) == ["--a-b", "x", "--c"]  # in the order given, nothing added
+    with pytest.raises(EngineError, match="server argument middleware: an empty list"):
+        cli_flag("middleware", [])
+
+
+def test_offline_data_parallel_is_refused_with_use_a_server() -> None:
+    from evals.engines.vllm_args import check_offline_flags, is_gpu_spec
+
+    check_offline_flags({"data_parallel_size": 1, "tensor_parallel_size": 4})
+    with pytest.raises(EngineError, match=r"data_parallel_size = 2: .*; use a server: an openai arm with server = \{ kind = \"vllm\""):
+        check_offline_flags({"data_parallel_size": 2})
+    assert is_gpu_spec({"tensor_parallel_size": 4}) and not is_gpu_spec({"kv_cache_dtype": "fp8"})

@@ -108,6 +108,82 @@ def test_greedy_generation_matches_transformers_and_keeps_order(engine: VllmEngi
     assert isinstance(cut, engine_base.GenerateResult) and cut.text == " 5, 6," and cut.finish_reason == "stop"
 
 
+CHAT = (
+    engine_base.Message("system", "You are a careful math tutor."),
+    engine_base.Message("user", "What is 12 plus 30? Answer with the number."),
+)
+
+
+def _chat_request(tok, **sampling: float) -> engine_base.GenerateRequest:
+    """A chat request as the tasks build it: the messages and their render with the model's template."""
+    messages = [{"role": m.role, "content": m.content} for m in CHAT]
+    prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return engine_base.GenerateRequest(prompt=prompt, messages=CHAT, max_tokens=8, **sampling)  # type: ignore[arg-type]
+
+
+def test_chat_prompt_ids_are_the_hf_engines_and_vllms_own_chat_render(engine: VllmEngine, reference) -> None:
+    """The ids vLLM generates from are those the hf engine encodes (HFTokens on the same folder's
+    tokenizer) and those vLLM's own chat path (LLM.chat) renders for the same messages; the greedy
+    answer is the same too."""
+    from evals.engines.hf.tokens import HFTokens
+
+    tok, _, greedy = reference
+    req = _chat_request(tok)
+    ids = engine.prompt_ids(req)
+    assert ids == HFTokens(tok, None, add_bos_token=None).encode(req.prompt)
+    assert tok.decode(ids[:3]).startswith("<|im_start|>system")  # SmolLM2's template, rendered once
+    [own] = engine._llm.chat([{"role": m.role, "content": m.content} for m in CHAT],
+                             engine.sampling_params(req), use_tqdm=False)
+    assert list(own.prompt_token_ids) == ids
+    [res] = engine.generate([req])
+    assert isinstance(res, engine_base.GenerateResult)
+    assert res.text == own.outputs[0].text
+    with_template = tok(req.prompt, add_special_tokens=False).input_ids
+    assert with_template == ids and res.output_tokens == 8 and res.finish_reason == "length"
+    assert res.text == tok.decode(greedy(req.prompt, 8), skip_special_tokens=True)
+
+
+def test_top_k_and_min_p_reach_vllms_sampler(engine: VllmEngine, reference) -> None:
+    """At temperature 2, top_k 1 or min_p 1 leave only the argmax: the greedy text whatever the seed;
+    without them the seeded draws differ from it, and repeat for a seed."""
+    tok = reference[0]
+    [greedy] = engine.generate([_chat_request(tok)])
+    hot = [_chat_request(tok, temperature=2.0, seed=s, top_k=1) for s in (1, 2)]
+    hot += [_chat_request(tok, temperature=2.0, seed=s, min_p=1.0) for s in (1, 2)]
+    free = [_chat_request(tok, temperature=2.0, seed=s) for s in (1, 1, 2)]
+    out = engine.generate(hot + free)
+    assert all(isinstance(r, engine_base.GenerateResult) for r in out)
+    assert [r.text for r in out[:4]] == [greedy.text] * 4  # type: ignore[union-attr]
+    a, b, c = (r.text for r in out[4:])  # type: ignore[union-attr]
+    assert a == b and greedy.text not in (a, c)  # type: ignore[union-attr]
+    params = engine.sampling_params(_chat_request(tok, temperature=0.7, top_k=20, min_p=0.05, top_p=0.9, seed=3))
+    assert (params.top_k, params.min_p, params.top_p, params.seed) == (20, 0.05, 0.9, 3)
+
+
+def test_hf_sampling_filters_equal_vllms_own(reference) -> None:
+    """evals.engines.hf.sequence.sampling_logits against vLLM's apply_top_k_top_p_pytorch and its
+    min_p processor's rule, on random logits with ties (the same tokens kept, the same values)."""
+    import torch
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from evals.engines.hf.sequence import sampling_logits
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 64, generator=gen).round(decimals=1)  # rounding makes ties
+    for top_k, top_p, min_p in [(5, 1.0, 0.0), (0, 0.7, 0.0), (12, 0.8, 0.0), (0, 1.0, 0.2), (9, 0.9, 0.1)]:
+        req = engine_base.GenerateRequest(prompt="", temperature=0.8, top_k=top_k, top_p=top_p, min_p=min_p)
+        want = logits / 0.8
+        if min_p:  # vllm/v1/sample/logits_processor/builtin.py MinPLogitsProcessor.apply
+            probs = want.softmax(-1)
+            want = want.masked_fill(probs < probs.amax(-1, keepdim=True) * min_p, float("-inf"))
+        k = torch.full((6,), top_k, dtype=torch.long) if top_k else None
+        p = torch.full((6,), top_p) if top_p < 1 else None
+        want = apply_top_k_top_p_pytorch(want.clone(), k, p)
+        got = torch.stack([sampling_logits(logits[r], req) for r in range(6)])
+        assert torch.equal(got.isinf(), want.isinf()), (top_k, top_p, min_p)
+        assert torch.equal(got[~got.isinf()], want[~want.isinf()])
+
+
 def test_too_long_prompt_fails_only_its_slot(engine: VllmEngine) -> None:
     long_prompt = "word " * 400  # > max_model_len 256 tokens
     results = engine.generate(

@@ -45,3 +45,40 @@ def test_fewshot_options() -> None:
     ):
         with pytest.raises(EvalError):
             get_task(name, TaskOptions(num_fewshot=k))
+
+
+# ----------------------------------------------------------------------------- unread options
+
+
+@pytest.mark.parametrize(("name", "options", "match"), [
+    ("arc_easy", TaskOptions(top_k=5), "top_k not read"),
+    ("mmlu", TaskOptions(temperature=0.7, max_tokens=10), "max_tokens, temperature not read"),
+    ("winogrande", TaskOptions(stop=("x",)), "stop not read"),
+    ("lambada_openai", TaskOptions(think_tags=("<r>", "</r>")), "think_tags not read"),
+    ("gsm8k", TaskOptions(system_prompt="Be brief."), "system_prompt only apply with chat = true"),
+    ("arc_challenge", TaskOptions(fewshot_as_multiturn=True), "fewshot_as_multiturn only apply"),
+    ("gsm8k_cot_llama", TaskOptions(chat_template_kwargs={"enable_thinking": False}), "chat_template_kwargs"),
+    ("gsm8k", TaskOptions(extra={"shots": 3}), "unknown option"),
+    ("wikitext_kl", TaskOptions(chat=True), "chat = true is not supported"),
+    ("wikitext_kl", TaskOptions(temperature=0.5), "temperature not read"),
+    ("needle", TaskOptions(chat=True), "chat = true is not supported"),
+    ("gsm8k_cot_llama", TaskOptions(num_fewshot=9), "8 fixed examples"),
+])
+def test_unread_options_are_refused_in_one_line(name: str, options: TaskOptions, match: str) -> None:
+    with pytest.raises(EvalError, match=match) as info:
+        get_task(name, options, "smollm2-135m")
+    assert "\n" not in str(info.value)
+
+
+def test_generation_settings_reach_the_request() -> None:
+    from evals.tasks import gsm8k
+
+    defaults = get_task("gsm8k_cot_llama")
+    assert defaults.settings == gsm8k.GenSettings(until=gsm8k.VARIANTS["gsm8k_cot_llama"].until, max_tokens=256)
+    opts = TaskOptions(temperature=0.6, top_p=0.95, top_k=20, min_p=0.05, stop=("END",), max_tokens=64)
+    task = get_task("gsm8k_cot_llama", opts)
+    req = task.request(task.make_item({"id": "x", "question": "1+1?", "answer": "#### 2"}, ()), repeat=0, seed=7)
+    assert (req.temperature, req.top_p, req.top_k, req.min_p, req.until, req.max_tokens, req.seed) == (
+        0.6, 0.95, 20, 0.05, ("END",), 64, 7)
+    greedy = defaults.request(defaults.make_item({"id": "x", "question": "q", "answer": "#### 2"}, ()), repeat=0, seed=7)
+    assert (greedy.temperature, greedy.seed, greedy.top_k, greedy.min_p) == (0.0, None, 0, 0.0)

@@ -20,7 +20,7 @@ def test_every_task_builds_and_is_versioned(name: str) -> None:
     task = get_task(name)
     assert isinstance(task, Task)
     assert task.name == name
-    assert "+lm-eval-" in task.version
+    assert "+lm-eval-" in task.version or task.version.endswith("+simple-evals")  # the reference it follows
 
 
 def test_every_task_names_its_datasets() -> None:
@@ -39,3 +39,12 @@ def test_reserved_probe_names_point_at_their_modules() -> None:
         if importlib.util.find_spec(TASKS[name]) is None:
             with pytest.raises(EvalError, match="not available"):
                 get_task(name)
+
+
+def test_which_tasks_chat() -> None:
+    from evals.tasks import supports_chat
+
+    assert supports_chat("gsm8k_cot_llama") and supports_chat("arc_challenge") and supports_chat("winogrande")
+    assert not supports_chat("wikitext_kl") and not supports_chat("needle")
+    with pytest.raises(EvalError, match="did you mean"):
+        supports_chat("gsm8k_cot_lama")

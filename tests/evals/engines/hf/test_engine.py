@@ -95,6 +95,17 @@ def test_top_p_small_keeps_only_the_argmax(engine: HFEngine) -> None:
     assert nucleus == greedy
 
 
+def test_top_k_one_and_min_p_one_keep_only_the_argmax_and_top_k_narrows_the_draw(engine: HFEngine) -> None:
+    greedy = engine.generate([engine_base.GenerateRequest(prompt=PROMPTS[0], max_tokens=6)])[0]
+    hot = [engine_base.GenerateRequest(prompt=PROMPTS[0], max_tokens=6, temperature=3.0, seed=s, **kw)
+           for s in (1, 2) for kw in ({"top_k": 1}, {"min_p": 1.0})]
+    assert engine.generate(hot) == [greedy] * 4  # type: ignore[arg-type]
+    free = engine.generate([engine_base.GenerateRequest(prompt=PROMPTS[0], max_tokens=6, temperature=3.0, seed=1)])
+    top5 = engine.generate([engine_base.GenerateRequest(prompt=PROMPTS[0], max_tokens=6, temperature=3.0, seed=1,
+                                                        top_k=5)])
+    assert free[0] != greedy and top5[0] != free[0]  # the same seed draws from another distribution
+
+
 def test_bad_request_fails_in_its_slot_only(engine: HFEngine) -> None:
     results = engine.generate([engine_base.GenerateRequest(prompt=PROMPTS[0], max_tokens=4),
                                engine_base.GenerateRequest(prompt=PROMPTS[1], max_tokens=10_000),

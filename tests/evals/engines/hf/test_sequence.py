@@ -1,4 +1,4 @@
-"""One generated sequence: argmax or a seeded draw (top-p as transformers), stop checks on a token
+"""One generated sequence: argmax or a seeded draw (vLLM's filters: min_p, top-k, top-p), stop checks on a token
 window, and the result cut at the earliest stop string."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from evals.engines.hf.sequence import (
     has_stop,
     pick,
     sampler,
+    sampling_logits,
     step_result,
     stop_window,
 )
@@ -58,3 +59,38 @@ def test_step_result_ends_a_sequence_at_eos_stop_or_max_tokens(tok: HFTokens) ->
     assert length is not None and (length.text, length.finish_reason) == ("the fox", "length")
     stop = GenerateRequest(prompt="", until=("fox",), max_tokens=50)
     assert step_result(tok, stop, list(ids), stop_window(stop)).text == "the "  # type: ignore[union-attr]
+
+
+def test_sampling_filters_in_vllm_order_hand_computed() -> None:
+    # probabilities at temperature 1: softmax([4, 3, 2, 1, 1, 0]) = .617 .227 .083 .031 .031 .011
+    row = torch.tensor([1.0, 4.0, 0.0, 3.0, 1.0, 2.0])
+    inf = float("-inf")
+
+    def kept(**kw: float) -> list[bool]:
+        out = sampling_logits(row, GenerateRequest(prompt="", temperature=kw.pop("temperature", 1.0), **kw))
+        return [bool(v > inf) for v in out.tolist()]
+
+    assert kept() == [True] * 6
+    assert kept(top_k=2) == [False, True, False, True, False, False]
+    assert kept(top_k=4) == [True, True, False, True, True, True]  # the 4th largest (1.0) is tied: both kept
+    assert kept(top_k=6) == kept(top_k=0) == [True] * 6  # k >= vocab is off, as vLLM
+    assert kept(min_p=0.3) == [False, True, False, True, False, False]  # .227 >= .3 x .617 = .185; .083 is not
+    # top_p over the tokens left: top_k=3 renormalises 4/3/2 to .665 .245 .090; 0.8 drops .090 only
+    assert kept(top_k=3, top_p=0.8) == [False, True, False, True, False, False]
+    assert kept(top_p=1e-6) == [False, True, False, False, False, False]  # never drops the top token
+    # min_p reads the probabilities after temperature: at T=0.5 the 3.0 token is e^-2 = .135 of the top (< .3)
+    assert kept(min_p=0.3, temperature=0.5) == [False, True, False, False, False, False]
+    scaled = sampling_logits(row, GenerateRequest(prompt="", temperature=0.5))
+    assert torch.equal(scaled, row / 0.5)
+
+
+def test_seeded_top_k_draws_only_the_top_k() -> None:
+    logits = torch.zeros(1, 50)
+    logits[0, 7], logits[0, 30] = 5.0, 4.0
+    req = GenerateRequest(prompt="", temperature=3.0, top_k=2, seed=11)
+    gen = sampler(req, torch.device("cpu"))
+    draws = {pick(logits, [req], [gen])[0] for _ in range(40)}
+    assert draws == {7, 30}  # both drawn at T=3, nothing else ever
+    again = sampler(req, torch.device("cpu"))
+    gen2 = sampler(req, torch.device("cpu"))
+    assert [pick(logits, [req], [again])[0] for _ in range(5)] == [pick(logits, [req], [gen2])[0] for _ in range(5)]

@@ -20,7 +20,9 @@ from evals.models import ResolvedModel
 from evals.servers import free_port, stop_pid
 
 # The scripted server. Prompt markers choose the behaviour; every request is appended to LOG as
-# one JSON line {"prompt", "auth", "path"} before it is answered.
+# one JSON line {"prompt", "auth", "path", "body"} before it is answered. MODE "vllm" names vLLM as
+# the owner in /v1/models; /v1/chat/completions answers the last message (THINK: with a separate
+# reasoning_content; CUT: reasoning only, stopped at max_tokens).
 FAKE_SERVER = r"""
 import json, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,15 +51,26 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/health":
             return self.send(200, {})
         if self.path == "/v1/models":
-            return self.send(200, {"data": [{"id": "fake-model"}]})
+            owner = {"owned_by": "vllm"} if MODE == "vllm" else {}
+            return self.send(200, {"data": [{"id": "fake-model", **owner}]})
         self.send(404, {"error": "no"})
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["prompt"]
+        prompt = body.get("prompt")
         with open(LOG, "a") as fh:
             fh.write(json.dumps({"prompt": prompt, "auth": self.headers.get("Authorization"),
-                                 "path": self.path}) + "\n")
+                                 "path": self.path, "body": body}) + "\n")
+        if self.path == "/v1/chat/completions":
+            last = body["messages"][-1]["content"]
+            message = {"role": "assistant", "content": " re:" + last + " STOP tail"}
+            finish = "stop"
+            if "THINK" in last:
+                message = {"role": "assistant", "content": " 42", "reasoning_content": "6 times 7"}
+            if "CUT" in last:
+                message, finish = {"role": "assistant", "content": None, "reasoning": "6 times"}, "length"
+            return self.send(200, {"choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                                   "usage": {"completion_tokens": body["max_tokens"]}})
         if self.path != "/v1/completions":
             return self.send(404, {"error": "no"})
         key = json.dumps(prompt)

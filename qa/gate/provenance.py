@@ -1,0 +1,76 @@
+"""The KV-scale provenance rule: a candidate meant to run with measured K/V scales must have run with them.
+
+An arm is *meant* to use measured scales when its provenance says so (`scales_expected`: an emulated
+cache with static scales, a vLLM model folder whose config declares a kv_cache_scheme, a vLLM server
+with a quantization config). When such a candidate ran with scales that defaulted to 1.0 (or the
+engine could not say where they came from), the policy's `require_scales` decides: true -> the
+verdict fails; false (the default) -> a warning in the verdict's summary. A quantized candidate
+nobody promised scales for that ran at 1.0 gets a note only. The provenance is read from the arm's
+records/<arm>/arm.json (`engine_info.kv`); arms without one (lm-eval imports) are not judged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from evals.provenance import STATIC_ORIGINS, KVProvenance
+from qa.gate.verdict import Verdict
+from qa.policy import Policy
+
+Finding = Literal["ok", "missing", "defaulted_unasked", "not_judged"]
+
+
+@dataclass(frozen=True)
+class ScalesCheck:
+    """What the rule found for one candidate, with the one-line message the verdict carries."""
+
+    finding: Finding
+    message: str
+
+
+def load_kv_provenance(arm_dir: Path) -> KVProvenance | None:
+    """The `engine_info.kv` of records/<arm>/arm.json; None when the arm has no manifest or no provenance."""
+    from evals.arm import ARM_FILE, ArmManifest
+
+    path = arm_dir / ARM_FILE
+    if not path.is_file():
+        return None
+    info = ArmManifest.load(path).engine_info
+    return info.kv if info is not None else None
+
+
+def check_scales(arm: str, kv: KVProvenance | None) -> ScalesCheck:
+    """Judge one candidate's provenance (see the module docstring)."""
+    if kv is None:
+        return ScalesCheck("not_judged", f"{arm}: no KV-scale provenance recorded")
+    if kv.scales_expected and kv.scales_origin not in STATIC_ORIGINS:
+        return ScalesCheck("missing", f"candidate {arm!r} was meant to run with calibrated K/V scales but ran with "
+                                      f"scales {kv.scales_origin} ({kv.summary()})")
+    if kv.quantized and kv.scales_origin == "defaulted":
+        return ScalesCheck("defaulted_unasked", f"candidate {arm!r} ran its {kv.kv_dtype} KV cache with K/V scales "
+                                                "defaulted to 1.0 (no calibrated scales were asked for)")
+    return ScalesCheck("ok", f"{arm}: {kv.summary()}")
+
+
+def apply_scales_rule(verdict: Verdict, check: ScalesCheck, policy: Policy) -> Verdict:
+    """The verdict with the rule applied: a failure under `require_scales`, else a warning in the summary."""
+    if check.finding == "missing" and policy.require_scales:
+        return verdict.model_copy(update={"status": "fail",
+                                          "summary": f"FAIL: {check.message} (require_scales); {verdict.summary}"})
+    if check.finding in ("missing", "defaulted_unasked"):
+        return verdict.model_copy(update={"summary": f"{verdict.summary}; warning: {check.message}"})
+    return verdict
+
+
+def scales_rule(verdict: Verdict, candidate_dir: Path, policy: Policy) -> Verdict:
+    """`verdict` with the scales rule applied to the candidate whose records are in `candidate_dir`
+    (unchanged when its arm.json is missing, unreadable or holds no provenance)."""
+    from evals.errors import RecordError
+
+    try:
+        kv = load_kv_provenance(candidate_dir)
+    except RecordError:
+        return verdict
+    return apply_scales_rule(verdict, check_scales(verdict.candidate, kv), policy)

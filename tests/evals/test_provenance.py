@@ -1,0 +1,118 @@
+"""KV-scale provenance: the emulator's per-layer decode scales from a real scales file, vLLM's origin
+rules on worker readouts, the dispatch per engine, and what run_arm writes into arm.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from evals.arm import ARM_FILE, EngineSummary, parse_arm, run_arm
+from evals.engines.hf.args import parse_args
+from evals.engines.openai_api.args import parse_openai_args
+from evals.engines.vllm_introspect import provenance_from_worker, scales_origin
+from evals.provenance import KVProvenance, emulator_provenance, engine_provenance
+from evals.server_log import server_log_path
+from qa.calibration import calibrate_model
+from quant.calibrate import CalibrationSpec
+from quant.fileio import sha256_file
+from quant.scales import CalibrationData, KVScales, ScalesMeta
+from tests.evals.hf_fixtures import save_tiny
+from tests.evals.test_runner import EchoTask
+from tests.evals.test_server_log import CONFIG_LINE
+from tests.tiny_models import CORPUS
+
+
+def _scales_file(tmp_path: Path) -> Path:
+    k_amax = torch.tensor([[4.48, 8.96], [1.0, 2.0]])  # [L=2, H=2]
+    v_amax = torch.tensor([[0.448, 0.896], [3.0, 6.0]])
+    meta = ScalesMeta(format="fp8_e4m3", convention="decode", observer="absmax", granularity="head", num_layers=2,
+                      num_kv_heads=2, model="m", data=CalibrationData(name="d", sha256="0", n_samples=1, seq_len=8),
+                      seed=0)
+    scales = KVScales(k_amax=k_amax, v_amax=v_amax, k_scale=k_amax / 448, v_scale=v_amax / 448, meta=meta)
+    stem = tmp_path / "kv_scales"
+    scales.save(stem)
+    return stem
+
+
+def test_emulator_static_scales_are_the_decode_scales_of_each_layers_format(tmp_path: Path) -> None:
+    stem = _scales_file(tmp_path)
+    args = parse_args({"kv": {"format": "nvfp4", "scales": "static", "layer_formats": {1: "fp8_e4m3"}},
+                       "scales": str(stem)})
+    prov = emulator_provenance(args)
+    assert (prov.source, prov.kv_dtype, prov.scales_origin, prov.scales_expected) == (
+        "hf-emulator", "nvfp4", "calibrated", True)
+    assert prov.scales_sha256 == sha256_file(stem.with_name("kv_scales.safetensors"))
+    layer0, layer1 = prov.layers
+    assert layer0.format == "nvfp4" and layer1.format == "fp8_e4m3"
+    # NVFP4 decode scale: amax / (448 * 6); FP8 E4M3: amax / 448 (per head, as calibrated)
+    assert layer0.k_scale == pytest.approx([4.48 / 2688, 8.96 / 2688], rel=1e-6)
+    assert layer1.v_scale == pytest.approx([3.0 / 448, 6.0 / 448], rel=1e-6)
+
+
+def test_emulator_other_scale_modes() -> None:
+    assert emulator_provenance(parse_args({})).scales_origin == "unquantized"
+    dynamic = emulator_provenance(parse_args({"kv": {"format": "nvfp4"}}))
+    assert dynamic.scales_origin == "dynamic" and not dynamic.scales_expected
+    const = emulator_provenance(parse_args({"kv": {"format": "fp8_e4m3", "scales": "constant", "constant_scale": 1.0}}))
+    assert (const.scales_origin, const.constant_scale) == ("constant", 1.0)
+    assert "scales constant 1" in const.summary()
+
+
+def _worker(cache_dtype: str, scales: list[float], method: str | None) -> dict[str, object]:
+    layers = [{"name": f"model.layers.{i}.self_attn.attn", "kv_cache_dtype": cache_dtype, "k_scale": s,
+               "v_scale": s if s == 1.0 else s / 2, "quant_method": method} for i, s in enumerate(scales)]
+    return {"cache_dtype": cache_dtype, "storage_dtypes": ["uint8"], "layers": layers}
+
+
+def test_vllm_origin_follows_its_loading_rules() -> None:
+    assert scales_origin("auto", _worker("auto", [1.0], None)["layers"]) == "unquantized"  # type: ignore[arg-type]
+    plain = provenance_from_worker(_worker("fp8", [1.0, 1.0], None))  # no quant config: never loaded
+    assert (plain.scales_origin, plain.scales_expected) == ("defaulted", False)
+    ckpt = provenance_from_worker(_worker("fp8", [0.02, 0.03], "CompressedTensorsKVCacheMethod"), "enc")
+    assert (ckpt.scales_origin, ckpt.scales_expected, ckpt.encoding) == ("checkpoint", True, "enc")
+    assert [s.k_scale for s in ckpt.layers] == [[0.02], [0.03]] and ckpt.layers[1].v_scale == [0.015]
+    missing = provenance_from_worker(_worker("fp8", [1.0, 1.0], "CompressedTensorsKVCacheMethod"))
+    assert (missing.scales_origin, missing.scales_expected) == ("defaulted", True)  # placeholders kept: 1.0
+
+
+def test_engine_provenance_dispatch_and_manifest_round_trip(tmp_path: Path) -> None:
+    log = server_log_path(tmp_path, "cand")
+    assert log == tmp_path / "logs" / "cand-server.log"
+    log.parent.mkdir()
+    log.write_text(CONFIG_LINE.format(q="None", kv="fp8"))
+    openai_args = parse_openai_args({"base_url": "http://127.0.0.1:1/v1"})
+    from_log = engine_provenance(object(), openai_args, log)
+    assert from_log is not None and from_log.scales_origin == "defaulted"
+    assert engine_provenance(object(), openai_args, None) is None  # a remote server: nothing to read
+    own = KVProvenance(source="vllm-offline", kv_dtype="fp8", scales_origin="checkpoint")
+
+    class Engine:
+        kv_provenance = own
+
+    assert engine_provenance(Engine(), openai_args, log) is own
+    summary = EngineSummary(name="vllm", deterministic=False, kv=own)
+    assert EngineSummary.model_validate_json(summary.model_dump_json()) == summary
+
+
+def test_run_arm_records_the_emulators_provenance_in_arm_json(tmp_path: Path) -> None:
+    model_dir = save_tiny(tmp_path / "tiny")
+    text = tmp_path / "calib.txt"
+    text.write_text(CORPUS * 10, encoding="utf-8")
+    scales = calibrate_model(str(model_dir), str(text), CalibrationSpec(format="nvfp4", n_samples=2, seq_len=32))
+    stem = tmp_path / "kv_scales"
+    scales.save(stem)
+    config = parse_arm({"name": "cand", "model": str(model_dir), "limit": 2,
+                        "engine_args": {"batch_size": 2, "kv": {"format": "nvfp4", "scales": "static"},
+                                        "scales": str(stem)}})
+    run_arm(config, [EchoTask(n_items=2)], tmp_path / "run", progress=False)
+    kv = json.loads((tmp_path / "run" / "records" / "cand" / ARM_FILE).read_text())["engine_info"]["kv"]
+    assert kv["scales_origin"] == "calibrated" and kv["scales_expected"] is True
+    assert kv["scales_sha256"] == sha256_file(stem.with_name("kv_scales.safetensors"))
+    assert len(kv["layers"]) == scales.num_layers == 2
+    for layer, k, v in zip(kv["layers"], scales.k_amax, scales.v_amax, strict=True):  # NVFP4: amax / (448 * 6)
+        assert layer["format"] == "nvfp4"
+        assert layer["k_scale"] == pytest.approx([float(k) / 2688], rel=1e-6)
+        assert layer["v_scale"] == pytest.approx([float(v) / 2688], rel=1e-6)
