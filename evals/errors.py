@@ -19,3 +19,9 @@ class ModelError(EvalError):
 
 class EngineError(EvalError):
     """An engine cannot be built or cannot serve the requested kind of task."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its class name when the message is empty)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

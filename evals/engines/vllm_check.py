@@ -29,7 +29,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from evals.engines.vllm_args import check_flag_names, check_offline_flags, cli_flags, parse_vllm_args
-from evals.errors import EngineError
+from evals.errors import EngineError, first_line
 from quant.validation import did_you_mean
 
 CHECK_MODULE = "evals.engines.vllm_check"
@@ -104,11 +104,6 @@ def check_with_vllm(checks: Sequence[ArmCheck], python: str, *,
 
 class Refused(Exception):
     """vLLM's argparse refused the command line (its `error` raises this instead of exiting)."""
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextmanager
@@ -200,7 +195,7 @@ def check_kv(kv_dtype: str, backend: object, *, allow: bool, gpu_spec: bool) -> 
         raise
     except Exception as exc:  # noqa: BLE001 - a GPU backend's module may not import on this machine
         return [(f"kv_cache_dtype {kv_dtype!r} not checked: attention backend {name} does not load here "
-                 f"({type(exc).__name__}: {_first_line(exc)})")]
+                 f"({type(exc).__name__}: {first_line(exc)})")]
     check_kv_dtype(kv_dtype, supported, allow_unsupported=allow)
     return []
 
@@ -251,7 +246,7 @@ def run_check(check: ArmCheck) -> CheckOutcome:
             notes = check_server(check) if check.kind == "server" else check_offline(check)
         return CheckOutcome(arm=check.arm, notes=notes)
     except (Refused, EngineError, ValueError, TypeError, KeyError) as exc:
-        return CheckOutcome(arm=check.arm, error=_first_line(exc))
+        return CheckOutcome(arm=check.arm, error=first_line(exc))
     finally:
         hub.HF_HUB_OFFLINE = offline
 

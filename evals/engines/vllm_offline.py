@@ -31,7 +31,7 @@ from evals.engines.hf.tokens import HFTokens
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.stops import cut_at_stop
 from evals.engines.vllm_args import VllmEngineArgs, check_flag_names, engine_kwargs
-from evals.errors import EngineError
+from evals.errors import EngineError, first_line
 from evals.models import ResolvedModel
 from evals.records import TokenLogprobs
 from quant.validation import did_you_mean
@@ -110,11 +110,6 @@ def check_kv_dtype(kv_cache_dtype: str, supported: list[str] | None, *, allow_un
     return False
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 class VllmEngine:
     """vLLM's offline engine for one arm; requests are batched into one `LLM.generate` call."""
 
@@ -135,9 +130,9 @@ class VllmEngine:
         try:
             self._llm = vllm.LLM(model=model.load_id, **kwargs)
         except (TypeError, ValueError) as exc:
-            raise EngineError(f"vLLM refused the engine arguments: {_first_line(exc)}") from None
+            raise EngineError(f"vLLM refused the engine arguments: {first_line(exc)}") from None
         except Exception as exc:  # noqa: BLE001 - startup failures come in many types; one line each
-            raise EngineError(f"vLLM failed to start: {type(exc).__name__}: {_first_line(exc)}") from None
+            raise EngineError(f"vLLM failed to start: {type(exc).__name__}: {first_line(exc)}") from None
         self._vllm = vllm
         self._tokenizer = self._llm.get_tokenizer()
         # lm-eval's HFLM rules, as the hf engine encodes: both arms see the same ids for a prompt
@@ -169,7 +164,7 @@ class VllmEngine:
             return list(self._llm.generate(prompts, params, use_tqdm=False))
         except Exception as exc:  # noqa: BLE001 - vLLM raises many types; each slot gets its own verdict
             if len(prompts) == 1:
-                return [base.Failure(error=f"vLLM: {type(exc).__name__}: {_first_line(exc)}")]
+                return [base.Failure(error=f"vLLM: {type(exc).__name__}: {first_line(exc)}")]
             log.warning("vLLM batch of %d failed (%s); retrying one request at a time", len(prompts), exc)
             return [self._run([p], [s])[0] for p, s in zip(prompts, params)]
 
