@@ -87,6 +87,9 @@ class SampleRecord(BaseModel):
     truncated: bool | None = None  # generation hit max_tokens before its final answer (None: not a generation)
     error: str | None = None
     token_logprobs: TokenLogprobs | None = None
+    # teacher-forced distribution over the item's reference continuation given its prompt (a reference
+    # answer, a session's fixed continuation): the paired signal where accuracy carries no information
+    reference_logprobs: TokenLogprobs | None = None
     meta: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
 
     @field_validator("scores")

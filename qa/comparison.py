@@ -250,6 +250,9 @@ class Comparison(_Frozen):
     estimates: list[Estimate] = Field(default_factory=list)
     distribution: list[DistributionEstimate] = Field(default_factory=list)
     generation: list[GenerationEstimate] = Field(default_factory=list)  # generative tasks: truncation, length
+    # (issue 17, sequential looks: fields below this line)
+    # (issue 17, reference-answer signal: fields below this line)
+    # (issue 15, cache path: fields below this line)
     notes: list[str] = Field(default_factory=list)
 
     def generation_for(self, task: str) -> GenerationEstimate | None:

@@ -68,6 +68,9 @@ class TaskPolicy(BaseModel):
     improvement_is_warning: bool = True
     gate_truncation: bool = True  # the truncation rule decides (else it is only reported)
     truncation_margin: float = Field(default=0.02, gt=0, le=1)  # largest tolerated rise of the truncation rate
+    # (issue 17, sequential looks: fields below this line)
+    # (issue 17, reference-answer signal: fields below this line)
+    # (issue 15, cache path: fields below this line)
 
     @field_validator("rules")
     @classmethod

@@ -69,11 +69,16 @@ class LoglikelihoodRequest:
 @dataclass(frozen=True)
 class TokenLogprobsRequest:
     """Teacher-forced pass over `text`; return the top-k next-token distribution at each position.
-    `max_tokens` caps the tokenised length (the chunk), `top_k` the stored alternatives."""
+    `max_tokens` caps the tokenised length (the chunk), `top_k` the stored alternatives.
+
+    With `context` (a prompt), `text` is a continuation scored given it: context and text are
+    tokenised together as a log-likelihood request is (lm-eval's split at the context), and only the
+    positions predicting `text`'s tokens are returned (a reference answer, a fixed continuation)."""
 
     text: str
     top_k: int = 20
     max_tokens: int = 512
+    context: str = ""
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class GenerateResult:
     output_tokens: int
     finish_reason: str  # "stop" (stop string or EOS) | "length"
     reasoning: str | None = None
+    prompt_tokens: int | None = None  # the prompt's token count, where the engine says
+    cached_tokens: int | None = None  # prompt tokens served from the engine's prefix cache (None: not known)
 
 
 @dataclass(frozen=True)
