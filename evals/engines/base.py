@@ -117,6 +117,35 @@ class EngineInfo:
     details: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PrefixCacheStats:
+    """Cumulative prefix-cache counters of one engine since it started (or since its counters were
+    read): prompt tokens looked up and prompt tokens served from the cache. `source` says where the
+    numbers come from ("vllm metrics", "server /metrics", "counted" by the hf engine)."""
+
+    queried_tokens: int
+    hit_tokens: int
+    source: str
+
+    @property
+    def hit_rate(self) -> float | None:
+        """hit_tokens / queried_tokens (None before any lookup)."""
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else None
+
+
+@runtime_checkable
+class PrefixCacheControl(Protocol):
+    """An engine with a prefix cache it can empty and count (the cache-path probe needs both)."""
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: the next request is served cold."""
+        ...
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """The cumulative lookup and hit counters."""
+        ...
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Batched requests in, one result (or Failure) per request out, in request order."""
