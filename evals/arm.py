@@ -15,7 +15,8 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Self
@@ -32,6 +33,7 @@ from pydantic import (
 
 from evals.engines import EngineName, args_model, build_engine, parse_engine_args
 from evals.engines.args import EngineArgs
+from evals.engines.base import Engine
 from evals.errors import EvalError, RecordError
 from evals.models import ResolvedModel, resolve_model
 from evals.provenance import KVProvenance, engine_provenance
@@ -370,9 +372,28 @@ def check_arm_folder(arm_dir: Path, manifest: ArmManifest) -> ArmManifest:
     return old.model_copy(update={"tasks": merged})
 
 
-def run_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path, *,
-            progress: bool = True) -> list[RunSummary]:
-    """Run every task for one arm into `out_dir/records/<arm>/` (out_dir is the run directory)."""
+@dataclass(frozen=True)
+class OpenArm:
+    """An arm whose engine is built and whose arm.json is written (`open_arm`): run its tasks with `run`."""
+
+    config: ArmConfig
+    engine: Engine
+    arm_dir: Path
+    tasks: dict[str, BuiltTask]
+
+    def run(self, name: str, *, progress: bool = True, blocks: Sequence[int] | None = None) -> RunSummary:
+        """Run task `name` into records/<arm>/<name>.jsonl (`blocks`: only its first items, evals.runner)."""
+        task, options, limit, repeats = self.tasks[name]
+        return run_task(self.engine, task, arm=self.config.name, out_path=self.arm_dir / f"{task.name}.jsonl",
+                        limit=self.config.limit if limit is None else limit, repeats=repeats or self.config.repeats,
+                        seed=self.config.seed, data_dir=self.config.data_dir, progress=progress, blocks=blocks,
+                        reference=options is None or options.reference_signal)
+
+
+@contextmanager
+def open_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path) -> Iterator[OpenArm]:
+    """Check `out_dir/records/<arm>/` against this configuration, build the engine once and write
+    arm.json; the engine is closed on exit."""
     if not tasks:
         raise EvalError("no tasks to run; name at least one task")
     built: list[BuiltTask] = [
@@ -393,13 +414,14 @@ def run_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path, *
                          kv=engine_provenance(engine, config.engine_args, log))
     arm_dir.mkdir(parents=True, exist_ok=True)
     manifest.model_copy(update={"engine_info": info}).save(arm_dir / ARM_FILE)
-    summaries: list[RunSummary] = []
     try:
-        for task, _, limit, repeats in built:
-            summaries.append(run_task(engine, task, arm=config.name, out_path=arm_dir / f"{task.name}.jsonl",
-                                      limit=config.limit if limit is None else limit,
-                                      repeats=repeats or config.repeats, seed=config.seed,
-                                      data_dir=config.data_dir, progress=progress))
+        yield OpenArm(config, engine, arm_dir, {b[0].name: b for b in built})
     finally:
         engine.close()
-    return summaries
+
+
+def run_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path, *,
+            progress: bool = True) -> list[RunSummary]:
+    """Run every task for one arm into `out_dir/records/<arm>/` (out_dir is the run directory)."""
+    with open_arm(config, tasks, out_dir) as arm:
+        return [arm.run(name, progress=progress) for name in arm.tasks]

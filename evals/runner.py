@@ -44,6 +44,7 @@ from evals.records import (
     read_records,
     sha256_text,
 )
+from evals.reference import ReferenceResult, chunk_references, has_reference, record_fields
 from evals.sampling import sample_seed, select_items
 from evals.tasks.base import REPEAT_SCORER, Item, Request, Result, Task
 
@@ -172,9 +173,11 @@ def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Res
     return results
 
 
-def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure | None, error: str | None) -> SampleRecord:
+def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure | None, error: str | None,
+            reference: ReferenceResult | None = None) -> SampleRecord:
     """The SampleRecord of one finished sample; a failed one has its error and no scores. A generation
-    is split into reasoning and answer (evals.reasoning); only the answer is scored."""
+    is split into reasoning and answer (evals.reasoning); only the answer is scored. `reference`: the
+    sample's reference-answer log-probs (evals.reference), kept whatever the sample scored."""
     meta: dict[str, str | int | float | bool | None] = {}
     if isinstance(sample.request, base.GenerateRequest) and sample.request.temperature > 0:
         meta["sample_seed"] = sample.seed
@@ -215,6 +218,8 @@ def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure
         scores, extracted = {}, {}
     elif split is not None and isinstance(result, base.GenerateResult):
         fields["truncated"] = is_truncated(result.finish_reason, split, extracted)
+    fields["reference_logprobs"], reference_meta = record_fields(reference)
+    meta.update(reference_meta)
     return SampleRecord(
         task=task.name, task_version=task.version, arm=arm, item_id=sample.item.item_id, repeat=sample.repeat,
         cluster=sample.item.cluster, prompt_hash=sample.prompt_hash, target=target,
@@ -235,15 +240,26 @@ def missing_samples(task: Task, *, arm: str, path: Path, limit: int | None = Non
 
 def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int | None = None, repeats: int = 1,
              seed: int = 0, data_dir: Path | None = None, chunk: int = DEFAULT_CHUNK,
-             progress: bool = True) -> RunSummary:
+             progress: bool = True, blocks: Sequence[int] | None = None, reference: bool = True) -> RunSummary:
     """Run `task` on `engine` as arm `arm`, appending one record per (item, repeat) to `out_path`.
 
     `limit` keeps a seeded random subset (the same items in every arm), `repeats` samples each item
-    that many times with per-repeat seeds; samples already in `out_path` are skipped (resume)."""
+    that many times with per-repeat seeds; samples already in `out_path` are skipped (resume).
+    `blocks` (a sequential run's cumulative item counts) runs only the first blocks[-1] items of the
+    selection in its seeded order (select_items), each block [blocks[k-1], blocks[k]) chunked alone.
+    `reference`: also teacher-force each chunk's reference answers (a task with one, evals.reference)."""
     if repeats < 1:
         raise EvalError(f"repeats must be >= 1, got {repeats}")
     if chunk < 1:
         raise EvalError(f"chunk must be >= 1, got {chunk}")
+    from evals.session_runner import run_sessions  # the cache-path probe serves its own order
+    from evals.tasks.sessions import SessionsTask
+
+    if isinstance(task, SessionsTask):
+        if blocks is not None:
+            raise EvalError("sessions: sequential looks do not apply to the cache-path probe; run it unsequenced")
+        return run_sessions(engine, task, arm=arm, out_path=out_path, limit=limit, repeats=repeats, seed=seed,
+                            data_dir=data_dir)
     start = time.perf_counter()
     items = select_items(task.items(data_dir), limit, seed)
     samples = _build_samples(task, items, repeats, seed)
@@ -256,8 +272,16 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
         # partly written chunk whole (writing only its missing samples) so every engine call, and
         # so every batch, is the one an uninterrupted run makes: batch composition changes floats.
         parts = [samples[lo : lo + chunk] for lo in range(0, len(samples), chunk)]
+        if blocks is not None:  # batches are a function of the block sizes, so a resumed run makes the same
+            parts, seen = [], set()
+            for n in blocks:
+                ids = {it.item_id for it in select_items(items, n, seed)} - seen
+                seen |= ids
+                block = [s for s in samples if s.item.item_id in ids]
+                parts += [block[lo : lo + chunk] for lo in range(0, len(block), chunk)]
         with _progress(progress) as bar:
-            bar_task = bar.add_task(f"{arm}/{task.name}", total=len(samples) - skipped)
+            todo = sum((s.item.item_id, s.repeat) not in done for part in parts for s in part)
+            bar_task = bar.add_task(f"{arm}/{task.name}", total=todo)
             for part in parts:
                 if all((s.item.item_id, s.repeat) in done for s in part):
                     continue
@@ -271,9 +295,13 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
                     except Exception as exc:  # noqa: BLE001 - the whole call failed: every sample records it
                         answers = [base.Failure(f"{type(exc).__name__}: {exc}")] * len(runnable)
                     results = {id(s): a for s, a in zip(runnable, answers, strict=True)}
+                refs: dict[int, ReferenceResult | None] = {}
+                if reference and has_reference(task) and runnable:  # the same prompts, after the task's own call
+                    pairs = [(s.item, s.request) for s in runnable]
+                    refs = dict(zip(map(id, runnable), chunk_references(engine, task, pairs), strict=True))  # type: ignore[arg-type]
                 fresh = [s for s in part if (s.item.item_id, s.repeat) not in done]
                 for s in fresh:
-                    rec = _record(task, arm, s, results.get(id(s)), s.error)
+                    rec = _record(task, arm, s, results.get(id(s)), s.error, refs.get(id(s)))
                     writer.write(rec)
                     written += 1
                     errors += rec.error is not None

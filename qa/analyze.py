@@ -15,8 +15,10 @@ from evals.records import SampleRecord, iter_arm_records
 from qa.comparison import Comparison, Estimate, StatsSettings
 from qa.distribution import distribution_estimates, has_token_logprobs
 from qa.pairing import pair_records, paired_metric, score_keys
+from qa.stats.cache_path import cache_path_estimates, standard_records
 from qa.stats.estimate import adjust_multiplicity, estimate, excess_flips
 from qa.stats.generation import generation_estimate
+from qa.stats.reference import reference_estimate
 
 ArmFormat = Literal["records", "lm-eval"]
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -65,8 +67,11 @@ def compare_arms(
 ) -> Comparison:
     """Pair two loaded arms (and an optional baseline rerun: noise floors) and compute the
     comparison (no files touched)."""
-    tasks = pair_records(baseline.records, candidate.records)
-    reruns = {pt.task: pt for pt in pair_records(baseline.records, rerun.records)} if rerun is not None else {}
+    # a sessions task's warm and shuffled records serve the same turns again: the per-task estimates use
+    # its cold path only; cache_path_estimates compares the paths
+    base_std, cand_std = standard_records(baseline.records), standard_records(candidate.records)
+    tasks = pair_records(base_std, cand_std)
+    reruns = {pt.task: pt for pt in pair_records(base_std, standard_records(rerun.records))} if rerun is not None else {}
     work = [(pt, key) for pt in tasks for key in score_keys(pt)]
     dist_tasks = [pt for pt in tasks if has_token_logprobs(pt)]
     total = len(work) + len(dist_tasks)
@@ -105,5 +110,7 @@ def compare_arms(
         estimates=adjust_multiplicity(estimates),
         distribution=distribution,
         generation=generation,
+        reference=[r for r in (reference_estimate(pt, reruns.get(pt.task)) for pt in tasks) if r is not None],
+        cache_path=cache_path_estimates(baseline.records, candidate.records, settings),
         notes=notes,
     )

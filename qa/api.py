@@ -26,6 +26,7 @@ from qa.rundir import RunDir
 from qa.spec import RunSpec
 
 if TYPE_CHECKING:
+    from qa.plan import PlanOptions
     from qa.report import ReportPaths
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -40,9 +41,10 @@ class RunResult:
 
 
 def run(spec: Path | RunSpec, out: Path | None = None, *, data_dir: Path | None = None,
-        spec_dir: Path | None = None) -> RunResult:
+        spec_dir: Path | None = None, plan: PlanOptions | None = None) -> RunResult:
     """Run a spec end to end into `out` (default reports/runs/<name>), resuming a run of the same spec.
-    A spec file's relative paths (policy) are read from its folder, or from `spec_dir`."""
+    A spec file's relative paths (policy) are read from its folder, or from `spec_dir`; `plan` sets the
+    power plan's priors and strictness (qa.plan)."""
     from qa.pipeline import resolve_data_dir
     from qa.pipeline import run as run_pipeline
     from qa.rundir import default_run_dir
@@ -52,7 +54,8 @@ def run(spec: Path | RunSpec, out: Path | None = None, *, data_dir: Path | None 
         spec_dir = spec_dir or spec.resolve().parent
         spec = load_spec(spec)
     run_dir = out or default_run_dir(spec)
-    verdict = run_pipeline(spec, run_dir, data_dir=resolve_data_dir(spec, data_dir), spec_dir=spec_dir)
+    verdict = run_pipeline(spec, run_dir, data_dir=resolve_data_dir(spec, data_dir), spec_dir=spec_dir,
+                           plan=plan)
     return RunResult(run_dir=run_dir, verdict=verdict)
 
 

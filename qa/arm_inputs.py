@@ -87,4 +87,4 @@ def task_options(t: TaskSpec, chat: ChatSettings | None = None) -> TaskOptions:
         fewshot_as_multiturn=chats if multiturn is None else bool(multiturn),
         chat_template_kwargs=dict(pick("chat_template_kwargs") or {}),
         think_tags=DEFAULT_THINK_TAGS if tags is None else (tuple(tags) if tags else None),  # type: ignore[arg-type]
-        extra=dict(t.options))
+        extra=dict(t.options), reference_signal=t.reference_signal)

@@ -229,6 +229,78 @@ class DistributionEstimate(_Frozen):
     notes: list[str] = Field(default_factory=list)
 
 
+class CacheTurn(_Frozen):
+    """One turn depth (1 = a session's first turn) of one arm's warm-vs-cold pairs (qa.stats.cache_path)."""
+
+    turn: int
+    n: int  # (session, repeat) pairs served cold and warm at this depth
+    hit_rate: float | None  # warm path: cached / prompt tokens (None: the engine did not say)
+    identical: AgreementShare  # completions identical warm vs cold
+    first_divergence: float | None  # median character offset of the first difference, over the pairs that differ
+    kld: float | None  # mean KL(cold || warm) per token of the teacher-forced continuation, nats
+    kld_ci95: Interval | None  # CR1 over sessions
+    flips: dict[str, Flips] = Field(default_factory=dict)  # "metric,filter" -> flips (n10: cold scored higher)
+
+
+class CacheFloor(_Frozen):
+    """Batch-history A/A floor of one arm: its cold prompts served again in shuffled orders and batch sizes."""
+
+    n: int
+    identical_outputs: AgreementShare  # bit-identical greedy completions, shuffled vs cold
+    identical_topk: AgreementShare | None  # bit-identical top-k ids and log-probs of the continuation
+    kld: float | None  # mean KL(cold || shuffled) per token, nats
+
+
+class CacheArm(_Frozen):
+    """One arm's warm path against its own cold path on the same (session, turn, repeat), fields as in
+    CacheTurn; hit rates None when the engine did not say, token counts summed over the warm path."""
+
+    arm: str
+    n: int
+    n_sessions: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    hit_rate: float | None
+    cold_hit_rate: float | None  # 0 when the cold reset worked
+    identical: AgreementShare
+    diverged: int  # pairs with different completions
+    first_divergence: float | None
+    kld: DistributionEstimate | None  # KL(cold || warm), CR1 by session
+    top1_agree: DistributionEstimate | None
+    flips: dict[str, Flips] = Field(default_factory=dict)
+    per_turn: list[CacheTurn] = Field(default_factory=list)
+    floor: CacheFloor | None = None
+
+
+class CacheKLDelta(_Frozen):
+    """Candidate's KL(cold || warm) minus the baseline's per (session, turn, repeat) unit (token mean within
+    a unit), SE CR1 by session; the gate reads its t interval at its own level from se and df."""
+
+    n: int
+    n_clusters: int
+    mean_baseline: float
+    mean_candidate: float
+    delta: float
+    se: float | None
+    df: int | None
+    ci90: Interval | None
+    ci95: Interval | None
+
+
+class CachePathEstimate(_Frozen):
+    """The cache path of one sessions task, the candidate's warm-vs-cold divergence next to the baseline's
+    (its floor). excess_flips: X = candidate warm != cold, the "rerun" side = the baseline's warm != cold;
+    accuracy: the candidate's warm path vs the baseline's cold path (per "metric,filter")."""
+
+    task: str
+    baseline: CacheArm
+    candidate: CacheArm
+    kld: CacheKLDelta | None = None
+    excess_flips: dict[str, ExcessFlips] = Field(default_factory=dict)
+    accuracy: list[Estimate] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class StatsSettings(_Frozen):
     """The parameters the statistics were computed with (none of them is a decision threshold:
     margins, alpha and the sigma rule's k live in the gate policy)."""
@@ -236,6 +308,69 @@ class StatsSettings(_Frozen):
     bootstrap_n: int = Field(default=2000, ge=0)  # 0 disables the bootstrap
     seed: int = 0
     tango_max_discordant: int = Field(default=30, ge=0)  # Tango below this many discordant items
+
+
+class SequentialLook(_Frozen):
+    """One interim look of a sequential task (qa.gate.sequential): the adjusted two-sided interval of delta
+    at this look's level, and what it decided. z_crit is the one-sided critical value from the design's
+    spending (qa.stats.sequential); adjusted_level = 1 - 2 (1 - Phi(z_crit)); lower/upper None: undefined."""
+
+    look: int  # 0-based
+    fraction: float  # information fraction: paired items n / n_planned
+    n: int  # paired items at this look
+    z_crit: float
+    adjusted_level: float
+    alpha_spent: float | None = None  # cumulative one-sided alpha spent up to this look
+    lower: float | None = None
+    upper: float | None = None
+    decision: Literal["pass", "fail", "continue"]
+
+
+class SequentialTask(_Frozen):
+    """The looks of one task under a sequential policy: where it stopped and how many items that saved.
+    decision "final": it ran to the last look, where the gate decides as at fixed n (adjusted level)."""
+
+    task: str
+    metric: str
+    filter: str
+    spending: str
+    looks: list[SequentialLook] = Field(default_factory=list)
+    n_planned: int
+    stopped_at: int | None = None  # look index where it stopped early (pass/fail); None: did not stop early
+    decision: Literal["pass", "fail", "continue", "final"]
+    items_used: int
+    items_saved: int
+
+
+class ReferenceStat(_Frozen):
+    """A mean over items, SE CR1 over the items' clusters; the gate reads its t interval from se and df."""
+
+    value: float
+    se: float | None
+    df: int | None
+    ci95: Interval | None
+
+
+class ReferenceEstimate(_Frozen):
+    """The reference-answer signal of one task (qa.stats.reference): per item (repeats averaged first) the
+    change in mean log-prob of its reference tokens (candidate - baseline, nats/token) and the mean
+    KL(baseline || candidate) over them. n = 0 with `unavailable`: an arm's engine gave no log-probs."""
+
+    task: str
+    n: int  # paired items scored in both arms
+    n_clusters: int
+    n_tokens: int  # reference tokens over those items (one repeat each)
+    n_missing: int  # paired samples without reference log-probs in an arm
+    unavailable: str | None = None
+    mean_logprob_baseline: float | None = None  # nats/token, mean over items
+    mean_logprob_candidate: float | None = None
+    delta_logprob: ReferenceStat | None = None
+    kld: ReferenceStat | None = None
+    kld_p99: float | None = None  # per-token KL percentiles
+    kld_max: float | None = None
+    floor_delta_logprob: float | None = None  # baseline rerun vs baseline (A/A floor)
+    floor_kld: float | None = None
+    notes: list[str] = Field(default_factory=list)
 
 
 class Comparison(_Frozen):
@@ -251,8 +386,11 @@ class Comparison(_Frozen):
     distribution: list[DistributionEstimate] = Field(default_factory=list)
     generation: list[GenerationEstimate] = Field(default_factory=list)  # generative tasks: truncation, length
     # (issue 17, sequential looks: fields below this line)
+    sequential: list[SequentialTask] = Field(default_factory=list)  # sequential policies only
     # (issue 17, reference-answer signal: fields below this line)
+    reference: list[ReferenceEstimate] = Field(default_factory=list)  # tasks with reference answers
     # (issue 15, cache path: fields below this line)
+    cache_path: list[CachePathEstimate] = Field(default_factory=list)  # sessions tasks: warm vs cold per arm
     notes: list[str] = Field(default_factory=list)
 
     def generation_for(self, task: str) -> GenerationEstimate | None:

@@ -21,6 +21,7 @@ from qa.arm_inputs import emulated_kv, resolved_engine_args
 from qa.comparison import Comparison, StatsSettings
 from qa.errors import SpecError
 from qa.gate.verdict import RunVerdict, Verdict
+from qa.plan import PlanOptions, announce_plan
 from qa.processes import calibrate_step, kv_inspect_step, run_arm_process
 from qa.rundir import RunDir, prepare_run_dir
 from qa.spec import ArmRole, RunSpec
@@ -133,12 +134,15 @@ def check_reused_baseline(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> A
     return check_reuse(arm_config(spec, "baseline", rd, data_dir), arm_tasks(spec), Path(source))
 
 
-def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path | None) -> Verdict | RunVerdict:
-    """The whole pipeline into `run_dir` (resuming a run of the same spec)."""
+def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path | None,
+        plan: PlanOptions | None = None) -> Verdict | RunVerdict:
+    """The whole pipeline into `run_dir` (resuming a run of the same spec); the power plan is printed
+    (qa.plan, with `plan`'s priors; PlanError under its strict flag) before anything is written."""
     if not spec.tasks and any(a.engine != "lmeval" for a in spec.arms.values()):
         raise SpecError("the spec names no tasks")
     rd = prepare_run_dir(spec, run_dir, check_only=True)
     preflight(spec, rd, data_dir, spec_dir)
+    announce_plan(spec, data_dir, spec_dir, plan)  # per task: items, margin, MDE from a prior, reachable
     reused = check_reused_baseline(spec, rd, data_dir)  # refused before anything is written
     prepare_run_dir(spec, run_dir)
     if not rd.env.exists():
@@ -147,12 +151,20 @@ def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path |
         calibrate_step(run_dir, data_dir)
     if reused is not None:
         copy_reused(reused, rd.root)  # no baseline engine starts; a resumed run checks and copies again
+    from qa.policy import resolve_policy
+    from qa.sequential_run import is_sequential, run_sequential
+
+    policy = resolve_policy(spec.policy, spec_dir)
+    sequential = is_sequential(spec, policy)
+    if sequential:  # the arms advance together in blocks, a look after each; writes each comparison.json
+        run_sequential(spec, rd, data_dir, policy, reused=reused is not None)
     for role, arm in spec.arms.items():
-        if arm.engine != "lmeval" and not (reused is not None and role == "baseline"):
+        if not sequential and arm.engine != "lmeval" and not (reused is not None and role == "baseline"):
             run_arm_process(run_dir, role, spec, data_dir)
     names = [n for n in spec.candidates if emulated_kv(spec, n) is not None]
     if any(not candidate_dir(spec, rd, n).kv_inspect.exists() for n in names):
         kv_inspect_step(run_dir, data_dir)  # the worker inspects each emulated-cache candidate without one
     for name in spec.candidates:
-        compare_step(spec, rd, name)
+        if not sequential:
+            compare_step(spec, rd, name)
     return gate_and_report(spec, rd, spec_dir)

@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qa.errors import PolicyError
+from qa.stats.sequential import SPENDING
 from quant.validation import did_you_mean, first_error
 
 POLICY_VERSION = 1
@@ -37,6 +38,7 @@ DEFAULT_POLICY_NAME = "default.toml"
 Rule = Literal["noninferiority", "tost", "sigma"]
 SEBasis = Literal["baseline", "unpaired", "paired"]
 Underpowered = Literal["inconclusive", "fail"]
+ReferenceGate = Literal["when_no_information", "always", "never"]  # qa.gate.reference
 RULES: tuple[str, ...] = ("noninferiority", "tost", "sigma")
 
 # When a task has several (metric, filter) estimates and the policy names none, the first of
@@ -69,8 +71,15 @@ class TaskPolicy(BaseModel):
     gate_truncation: bool = True  # the truncation rule decides (else it is only reported)
     truncation_margin: float = Field(default=0.02, gt=0, le=1)  # largest tolerated rise of the truncation rate
     # (issue 17, sequential looks: fields below this line)
+    looks: tuple[float, ...] = ()  # information fractions of the sequential looks, e.g. (0.25, 0.5, 0.75, 1.0); () = fixed n
+    spending: str = "obrien_fleming"  # qa.stats.sequential.SPENDING: obrien_fleming | pocock | confidence_sequence
     # (issue 17, reference-answer signal: fields below this line)
+    reference_gate: ReferenceGate = "when_no_information"  # when the reference-answer signal decides
+    reference_logprob_margin: float = Field(default=0.25, gt=0)  # nats/token: largest tolerated mean drop
+    reference_kl_margin: float = Field(default=0.25, gt=0)  # nats/token: largest tolerated mean KL
     # (issue 15, cache path: fields below this line)
+    gate_cache_path: bool = True  # the cache-path rules of a sessions task decide (else they are only reported)
+    cache_kl_margin: float = Field(default=0.01, gt=0)  # nats/token: tolerated excess of KL(cold || warm) over the baseline's
 
     @field_validator("rules")
     @classmethod
@@ -79,6 +88,28 @@ class TaskPolicy(BaseModel):
             raise ValueError("list at least one rule (noninferiority, tost, sigma)")
         if len(set(v)) != len(v):
             raise ValueError("a rule is listed twice")
+        return v
+
+    @field_validator("looks", mode="before")
+    @classmethod
+    def _looks_as_floats(cls, v: object) -> object:
+        # TOML writes 1 for 1.0; a strict float field would refuse the int (a list: verdict.json's policy)
+        if isinstance(v, tuple | list):
+            return tuple(float(x) if isinstance(x, int) and not isinstance(x, bool) else x for x in v)
+        return v
+
+    @field_validator("looks")
+    @classmethod
+    def _looks_increasing(cls, v: tuple[float, ...]) -> tuple[float, ...]:
+        if v and (any(not 0 < b <= 1 or b <= a for a, b in zip((0.0, *v), v, strict=False)) or v[-1] != 1.0):
+            raise ValueError(f"must be strictly increasing in (0, 1] and end at 1.0, e.g. [0.25, 0.5, 0.75, 1.0] (got {list(v)})")
+        return v
+
+    @field_validator("spending")
+    @classmethod
+    def _spending_known(cls, v: str) -> str:
+        if v not in SPENDING:
+            raise ValueError(f"unknown spending function; {did_you_mean(v, SPENDING, listing='one of')}")
         return v
 
     @field_validator("metric")

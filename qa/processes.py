@@ -42,15 +42,30 @@ def arm_python(engine: str) -> str:
     return sys.executable
 
 
-def run_worker(run_dir: Path, role: str, python: str, data_dir: Path | None,
-               env: Mapping[str, str] | None = None) -> int:
-    """Run `python -m qa.worker RUN_DIR ROLE [--data-dir DIR]` with `env` (an arm's own variables, which
-    win over this process's and reach the arm's server too); its exit code."""
+def worker_command(run_dir: Path, role: str, python: str, data_dir: Path | None,
+                   env: Mapping[str, str] | None = None, *, serve: bool = False) -> tuple[list[str], dict[str, str]]:
+    """`python -m qa.worker RUN_DIR ROLE [--data-dir DIR] [--serve]` and its environment: `env` (an arm's
+    own variables) wins over this process's and reaches the arm's server too."""
     cmd = [python, "-m", WORKER_MODULE, str(run_dir), role]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
-    child_env = {**OFFLINE_DEFAULTS, **os.environ, **(env or {})}
+    return cmd + (["--serve"] if serve else []), {**OFFLINE_DEFAULTS, **os.environ, **(env or {})}
+
+
+def run_worker(run_dir: Path, role: str, python: str, data_dir: Path | None,
+               env: Mapping[str, str] | None = None) -> int:
+    """Run the worker (`worker_command`) to the end; its exit code."""
+    cmd, child_env = worker_command(run_dir, role, python, data_dir, env)
     return subprocess.run(cmd, env=child_env, preexec_fn=CHILD_SETUP, check=False).returncode
+
+
+def start_arm_worker(run_dir: Path, role: str, spec: RunSpec, data_dir: Path | None) -> subprocess.Popen[str]:
+    """Start one arm's worker in serve mode (qa.sequential_run: JSON commands on its stdin, answers on its
+    stdout); it dies with this process."""
+    arm = spec.arms[role]  # type: ignore[index]
+    cmd, child_env = worker_command(run_dir, role, arm_python(arm.engine), data_dir, arm.env, serve=True)
+    return subprocess.Popen(cmd, env=child_env, preexec_fn=CHILD_SETUP,  # noqa: PLW1509 - only a prctl call
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8")
 
 
 def run_arm_process(run_dir: Path, role: str, spec: RunSpec, data_dir: Path | None) -> None:

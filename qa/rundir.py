@@ -5,6 +5,7 @@
     <run>/calibration/kv_scales.*   static KV scales (safetensors + JSON sidecar)
     <run>/records/<arm>/*.jsonl     one SampleRecord per (item, repeat), plus arm.json
     <run>/logs/<arm>-server.log     the log of a server `qa run` started for an arm
+    <run>/logs/sequential.jsonl     a sequential run's worker starts and blocks
     <run>/kv_inspect.json           per-layer KV distortion of an emulated-cache candidate
     <run>/comparison.json           numbers (qa.comparison), <run>/verdict.json the gate's decision
     <run>/report.md, report.html, plots/
@@ -92,6 +93,11 @@ class RunDir:
         from evals.server_log import server_log_path
 
         return server_log_path(self.top, arm)
+
+    @property
+    def sequential_log(self) -> Path:
+        """logs/sequential.jsonl: every worker start and block of a sequential run (qa.sequential_run)."""
+        return self.top / "logs" / "sequential.jsonl"
 
     @property
     def kv_inspect(self) -> Path:

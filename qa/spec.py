@@ -81,6 +81,7 @@ class TaskSpec(ChatSettings):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     stop: list[str] | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    reference_signal: bool = True  # teacher-force the task's reference answer (tasks that have one)
 
 
 class CalibrationStep(_Frozen):

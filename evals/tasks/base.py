@@ -73,6 +73,7 @@ class TaskOptions:
     chat_template_kwargs: Mapping[str, str | int | float | bool] = field(default_factory=dict)
     think_tags: tuple[str, str] | None = DEFAULT_THINK_TAGS  # reasoning delimiters; None: no reasoning split
     extra: Mapping[str, Any] = field(default_factory=dict)
+    reference_signal: bool = True  # teacher-force the task's reference answer (a task with `reference`)
 
 
 @runtime_checkable
@@ -101,3 +102,13 @@ class Task(Protocol):
 # A task whose prompt depends on the repeat (GPQA model-card style: choices shuffled per repeat) also
 # has `score_repeat(item, result, repeat) -> Scored`, which the runner calls instead of `score`.
 REPEAT_SCORER = "score_repeat"
+
+# A task with a reference answer (GSM8K's worked solution, the gold choice, MATH-500's solution, the
+# needle's value) also has `reference(item) -> str | None`: the continuation teacher-forced after the
+# prompt the task sends for the item (the generation prompt or the log-likelihood context, rendered as
+# it is sent), as a log-likelihood continuation is written (target delimiter included). A task whose
+# reference follows another context (WinoGrande: the gold option's context) also has
+# `reference_context(item, request) -> str`. The runner stores the result in
+# SampleRecord.reference_logprobs (token ids and log-probs only, never the text: GPQA's stays unseen).
+REFERENCE = "reference"
+REFERENCE_CONTEXT = "reference_context"

@@ -143,6 +143,13 @@ def loglikelihood_context(request: Request) -> str:
     return request.context
 
 
+def reference_continuation(target: str, chat: bool, delimiter: str = TARGET_DELIMITER) -> str:
+    """A reference answer as the continuation of its prompt: `delimiter + target` after a plain prompt
+    (as a log-likelihood continuation is written), the bare target after a chat prompt (whose rendering
+    ends with the assistant's turn opened)."""
+    return target if chat else delimiter + target
+
+
 def exact_match_scored(
     extracted: Mapping[str, str], target: str, match: Callable[[str, str], float]
 ) -> Scored:

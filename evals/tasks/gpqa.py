@@ -39,6 +39,7 @@ from evals.tasks.common import (
     gen_settings,
     generate_prompt,
     generate_request,
+    reference_continuation,
     resolve_fewshot,
     row_items,
     task_version,
@@ -152,6 +153,12 @@ class GpqaCotTask:
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
         return generate_prompt(request)
+
+    def reference(self, item: Item) -> str:
+        """The gold letter and the gold choice's text ("(B) ..."), after the prompt (never printed)."""
+        doc = item.doc
+        gold = doc["choices"][LETTERS.index(doc["answer"])]
+        return reference_continuation(f"{doc['answer']} {gold}", self.chat is not None, "")
 
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match,strict-match and exact_match,flexible-extract against the gold letter."""

@@ -44,6 +44,7 @@ from evals.tasks.common import (
     gen_settings,
     generate_prompt,
     generate_request,
+    reference_continuation,
     resolve_fewshot,
     sequential_fewshot_indices,
     task_version,
@@ -245,6 +246,12 @@ class Gsm8kTask:
     def prompt_text(self, request: Request) -> str:
         """The full prompt, rendered (lm-eval's prompt hash input)."""
         return generate_prompt(request)
+
+    def reference(self, item: Item) -> str:
+        """lm-eval's target (gsm8k, gsm8k_cot_zeroshot: the worked solution; gsm8k_cot_llama: the number)
+        as the continuation of the prompt."""
+        v = self.variant
+        return reference_continuation(v.doc_to_target(item.doc), self.chat is not None, v.target_delimiter)
 
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match under both filters against lm-eval's target (gsm8k: the full reference solution)."""

@@ -67,6 +67,10 @@ class LambadaTask:
         """lm-eval's prompt hash input: the context string."""
         return loglikelihood_context(request)
 
+    def reference(self, item: Item) -> str:
+        """The last word with its leading space: the request's own continuation."""
+        return doc_to_target(item.doc)
+
     def score(self, item: Item, result: Result) -> Scored:
         """acc (greedy match) and the continuation's log-likelihood (nats)."""
         assert isinstance(result, LoglikelihoodResult)

@@ -39,6 +39,7 @@ from evals.tasks.common import (
     gen_settings,
     generate_prompt,
     generate_request,
+    reference_continuation,
     resolve_fewshot,
     row_items,
     task_version,
@@ -122,6 +123,10 @@ class Math500Task:
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
         return generate_prompt(request)
+
+    def reference(self, item: Item) -> str:
+        """The dataset's worked solution, after "Solution:" as the Minerva shots write theirs."""
+        return reference_continuation(item.doc["solution"], self.chat is not None)
 
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match and math_verify from lm-eval's own minerva process_results."""

@@ -39,6 +39,7 @@ from evals.tasks.common import (
     fewshot_block,
     loglikelihood_context,
     mc_scores,
+    reference_continuation,
     resolve_fewshot,
     task_version,
 )
@@ -131,6 +132,11 @@ class MultipleChoiceTask:
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the context string."""
         return loglikelihood_context(request)
+
+    def reference(self, item: Item) -> str:
+        """The gold choice as its request scores it (" " + choice; the bare choice under chat)."""
+        choices = self.doc_to_choice(item.doc)
+        return reference_continuation(choices[self.gold_index(item.doc, choices)], self.chat is not None)
 
     def score(self, item: Item, result: Result) -> Scored:
         """acc / acc_norm (or the task's own scorer); `extracted` is the argmax choice index."""

@@ -164,6 +164,10 @@ class NeedleTask:
         """The whole prompt."""
         return generate_prompt(request)
 
+    def reference(self, item: Item) -> str:
+        """The hidden value, as the continuation of "... mentioned in the provided text is"."""
+        return " " + item.doc["value"]
+
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match of the completion's first number with the hidden value."""
         assert isinstance(result, GenerateResult)

@@ -33,6 +33,7 @@ from evals.tasks.common import (
     check_options,
     loglikelihood_context,
     mc_scores,
+    reference_continuation,
     resolve_fewshot,
     row_items,
     task_version,
@@ -92,6 +93,15 @@ class WinograndeTask:
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the first option's context."""
         return loglikelihood_context(request)
+
+    def reference(self, item: Item) -> str:
+        """The text after the blank as lm-eval's partial evaluation scores it (given the gold context)."""
+        return reference_continuation(doc_to_target(item.doc), self.chat is not None)
+
+    def reference_context(self, item: Item, request: Request) -> str:
+        """The gold option's context, as the request sends it (rendered under chat)."""
+        assert isinstance(request, LoglikelihoodRequest)
+        return request.contexts[gold(item.doc)]
 
     def score(self, item: Item, result: Result) -> Scored:
         """acc: the gold option's context gives the continuation the higher log-likelihood."""

@@ -26,5 +26,17 @@ PolicyOpt = Annotated[
     typer.Option("--policy", help="Gate policy TOML; default: the run's spec.toml policy, else the shipped default."),
 ]
 
-__all__ = ["DEFAULT_MODEL", "DataDirOpt", "DeviceOpt", "DtypeOpt", "FormatOpt", "ModelOpt", "PolicyOpt",
-           "RunDirArg", "SeedOpt", "SeqLenOpt"]
+StrictPlanOpt = Annotated[
+    bool, typer.Option("--strict-plan", help="A margin the power plan shows unreachable is an error (exit 2), not a warning.")
+]
+PlanPriorOpt = Annotated[
+    list[str] | None,
+    typer.Option("--plan-prior", help="TASK=SD: the sd of the paired difference the power plan assumes for TASK (repeatable)."),
+]
+PlanFromOpt = Annotated[
+    Path | None,
+    typer.Option("--plan-from", help="An earlier run directory of the same model: its comparison.json gives the plan's priors."),
+]
+
+__all__ = ["DEFAULT_MODEL", "DataDirOpt", "DeviceOpt", "DtypeOpt", "FormatOpt", "ModelOpt", "PlanFromOpt",
+           "PlanPriorOpt", "PolicyOpt", "RunDirArg", "SeedOpt", "SeqLenOpt", "StrictPlanOpt"]

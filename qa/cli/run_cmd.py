@@ -12,7 +12,7 @@ from rich.table import Table
 
 from qa import api
 from qa.cli.app import app
-from qa.cli.options import DataDirOpt
+from qa.cli.options import DataDirOpt, PlanFromOpt, PlanPriorOpt, StrictPlanOpt
 from qa.dry_run import PlannedArm, dry_run
 from qa.gate.verdict import RunVerdict, Verdict
 
@@ -67,17 +67,25 @@ def run_command(
     spec_file: Annotated[Path, typer.Argument(help="Run spec (TOML); see examples/.")],
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default reports/runs/<spec name>).")] = None,
     data_dir: DataDirOpt = None,
-    dry: Annotated[bool, typer.Option("--dry-run", help="Validate the spec; print engine arguments and item counts.")] = False,
+    dry: Annotated[bool, typer.Option("--dry-run", help="Validate the spec; print engine arguments, item counts and the power plan.")] = False,
+    strict_plan: StrictPlanOpt = False,
+    plan_prior: PlanPriorOpt = None,
+    plan_from: PlanFromOpt = None,
 ) -> None:
     """Calibrate (if asked) -> each arm in its own process -> compare -> gate -> report."""
     from qa.pipeline import resolve_data_dir
+    from qa.plan import PlanOptions, announce_plan, parse_prior_options
     from qa.rundir import default_run_dir
     from qa.spec import load_spec
 
+    plan = PlanOptions(priors=parse_prior_options(plan_prior or []), from_run=plan_from, strict=strict_plan)
     if dry:
         spec = load_spec(spec_file)
-        _print_plan(spec_file, dry_run(spec, resolve_data_dir(spec, data_dir), out or default_run_dir(spec)))
+        data = resolve_data_dir(spec, data_dir)
+        _print_plan(spec_file, dry_run(spec, data, out or default_run_dir(spec)))
+        console.print()
+        announce_plan(spec, data, spec_file.resolve().parent, plan)  # PlanError (exit 2) under --strict-plan
         raise typer.Exit(0)
-    result = api.run(spec_file, out, data_dir=data_dir)
+    result = api.run(spec_file, out, data_dir=data_dir, plan=plan)
     _print_verdict(result.verdict, result.run_dir)
     raise typer.Exit(result.verdict.exit_code)

@@ -14,7 +14,10 @@ Per task, in this order:
    when the records hold truncation and decides unless `gate_truncation = false`; its fail stands
    even when accuracy carries no information (step 2), records without truncation never fail it;
 4. power: n < min_n or MDE > margin -> underpowered (inconclusive or fail, as the policy says),
-   unless a rule already showed the candidate demonstrably worse (that stays a fail).
+   unless a rule already showed the candidate demonstrably worse (that stays a fail);
+5. reference answers (qa.gate.reference): where the records hold them, non-inferiority of the mean
+   delta log-prob and mean KL (nats/token) is reported, and decides as `reference_gate` says (by
+   default only a task where accuracy has no information, step 2).
 
 Across tasks the verdict is an intersection-union test (Berger 1982): pass only if every task
 passes, each at alpha, uncorrected; any fail -> fail; otherwise inconclusive. Holm's adjustment of the
@@ -27,8 +30,10 @@ from __future__ import annotations
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
-from qa.comparison import Comparison, Estimate, GenerationEstimate
+from qa.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
 from qa.errors import PolicyError
+from qa.gate.cache_path import with_cache_path
+from qa.gate.reference import with_reference
 from qa.gate.verdict import RuleResult, Status, TaskVerdict, Verdict
 from qa.policy import AUTO_METRICS, Policy, TaskPolicy
 from qa.stats.intervals import delta_interval, p_below
@@ -184,9 +189,36 @@ def _warnings(est: Estimate, tp: TaskPolicy, results: list[RuleResult]) -> list[
     return out + list(est.notes)
 
 
-def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str,
-                generation: GenerationEstimate | None = None) -> TaskVerdict:
-    """Decide one task under its resolved policy (see the module docstring for the order)."""
+def sequential_reason(seq: SequentialTask, tp: TaskPolicy) -> str:
+    """One line: the look a sequential task stopped at (or the last one run), its adjusted interval, and
+    the items it did not run."""
+    lk = next((x for x in seq.looks if x.look == seq.stopped_at), seq.looks[-1])
+    ci = (f"{100 * lk.adjusted_level:.2f}% CI [{100 * lk.lower:+.1f}, {100 * lk.upper:+.1f}] pts"
+          if lk.lower is not None and lk.upper is not None else "CI undefined")
+    of = f" of {len(tp.looks)}" if tp.looks else ""
+    where = (f"sequential ({seq.spending}) look {lk.look + 1}{of}, n = {lk.n} of {seq.n_planned}, "
+             f"z_crit {lk.z_crit:.3f}")
+    m = f"-{100 * tp.margin:.1f} pts"
+    saved = f"; stopped early, {seq.items_saved} of {seq.n_planned} items not run"
+    if seq.decision == "pass":
+        return f"{where}: non-inferior: {ci} lies above {m}{saved}"
+    if seq.decision == "fail":
+        return f"{where}: worse: {ci} lies below {m}{saved}"
+    if seq.decision == "final":
+        return f"{where} (the last look, level {100 * lk.adjusted_level:.2f}%)"
+    return f"{where}: no decision ({ci} straddles {m}) and the run ended before the last look; resume it"
+
+
+def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str, generation: GenerationEstimate | None = None,
+                sequential: SequentialTask | None = None) -> TaskVerdict:
+    """Decide one task under its resolved policy (see the module docstring for the order); a task run with
+    sequential looks (issue 17) is decided by its recorded looks, at the adjusted level of its last look."""
+    seq = sequential if sequential is not None and f"{sequential.metric},{sequential.filter}" == metric_key else None
+    if seq is not None and seq.looks:
+        tp = tp.model_copy(update={"alpha": float(sps.norm.sf(seq.looks[-1].z_crit))})  # adjusted one-sided level
+        if seq.decision == "final":  # ran every look: the fixed-n gate decides, at the adjusted level
+            v = decide_task(est, tp, metric_key, generation)
+            return v.model_copy(update={"reason": f"{sequential_reason(seq, tp)}: {v.reason}"})
     mde_, n_needed, reps = _power(est, tp)
     err_b, err_c = error_rate(est.n_errors_baseline, est), error_rate(est.n_errors_candidate, est)
     results = [noninferiority(est, tp, "noninferiority" in tp.rules)]
@@ -208,6 +240,10 @@ def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str,
         return TaskVerdict(**base, status="inconclusive", kind="errors", reason=reason)
     if trunc is not None and trunc.decides and trunc.status == "fail":  # decisive whatever accuracy shows
         return TaskVerdict(**base, status="fail", kind="decided", reason=trunc.detail)
+    if seq is not None and seq.looks:  # stopped early at a pass/fail look, or the run ended before the last look
+        seq_status: Status = "pass" if seq.decision == "pass" else "fail" if seq.decision == "fail" else "inconclusive"
+        return TaskVerdict(**base, status=seq_status, kind="undefined" if seq_status == "inconclusive" else "decided",
+                           reason=sequential_reason(seq, tp))
     why_not = no_information(est)
     if why_not is not None:
         return TaskVerdict(**base, status="inconclusive", kind="no_information", reason=why_not)
@@ -263,7 +299,11 @@ def decide(comparison: Comparison, policy: Policy, comparison_sha256: str | None
     for task in tasks_in:
         tp = policy.for_task(task)
         est = select_estimate(comparison, task, tp, explicit=task in policy.tasks)
-        verdicts.append(decide_task(est, tp, f"{est.metric},{est.filter}", comparison.generation_for(task)))
+        seq = next((s for s in comparison.sequential if s.task == task), None)
+        verdicts.append(decide_task(est, tp, f"{est.metric},{est.filter}", comparison.generation_for(task), seq))
+    verdicts = [with_reference(v, comparison, policy.for_task(v.task)) for v in verdicts]  # reference answers
+    # issue 15, last: a warm path with no measured hit stays inconclusive whatever decided the cold path
+    verdicts = [with_cache_path(v, comparison, policy.for_task(v.task), decide_task) for v in verdicts]
     for task in policy.require:
         if task not in tasks_in:
             tp = policy.for_task(task)

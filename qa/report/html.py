@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
+from qa.report.cache_path import html_section as cache_path_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.figures import Figures
 from qa.report.gather import ReportInputs, gated_estimate
@@ -19,6 +20,7 @@ from qa.report.notes import (
     truncation_notes,
 )
 from qa.report.provenance import html_section as kv_provenance_section
+from qa.report.reference import html_section as reference_section
 from qa.report.rows import (
     DIST_HEADERS,
     GEN_HEADERS,
@@ -34,6 +36,7 @@ from qa.report.rows import (
     results_headers,
     table_row,
 )
+from qa.report.sequential import html_section as sequential_section
 from qa.textfmt import percent
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -177,6 +180,7 @@ def render_html(inp: ReportInputs, figs: Figures) -> str:
     for note in truncation_notes(inp):
         parts.append(f'<div class="callout"><b>Truncated outputs.</b> {_e(note)}</div>')
     parts += _results(inp)
+    parts.append(sequential_section(inp))
     if figs.forest:
         alt = "forest plot of delta with the gate's and 95% CIs"
         parts += ["<h2>Forest plot of delta</h2>", _img(figs.forest, alt)]
@@ -190,6 +194,8 @@ def render_html(inp: ReportInputs, figs: Figures) -> str:
             rows = [[_e(x) for x in dist_row(d)] for d in c.distribution]
             parts.append(html_table(DIST_HEADERS, rows, set(range(2, 10))))
         parts += [_img(png, f"KL divergence per chunk, {task}") for task, png in figs.kl]
+    parts.append(reference_section(inp))
+    parts.append(cache_path_section(inp))
     parts += ["<h2>Changed answers</h2>", _examples(inp)]
     parts += ["<h2>Methods and conventions</h2><ul>"] + [f"<li>{_e(m)}</li>" for m in methods(inp)] + ["</ul>"]
     parts += [

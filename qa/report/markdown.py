@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from qa.gate.summary import STATUS_MARK
 from qa.report import rows
+from qa.report.cache_path import markdown_section as cache_path_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.gather import ReportInputs, gated_estimate
 from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance, truncation_notes
 from qa.report.provenance import markdown_section as kv_provenance_section
+from qa.report.reference import markdown_section as reference_section
+from qa.report.sequential import markdown_section as sequential_section
 from qa.textfmt import md_cell, percent
 
 FIGURE_TITLES = {"forest": "Forest plot of delta", "flips": "Flips"}
@@ -91,6 +94,7 @@ def render_markdown(inp: ReportInputs, figure_files: dict[str, str] | None = Non
     if gen:
         lines += ["", "## Truncation and output length", ""]
         lines += md_table(rows.GEN_HEADERS, [[_cell(x) for x in r] for r in gen], raw=True)
+    lines += sequential_section(inp)
     for key, title in FIGURE_TITLES.items():
         if key in figure_files:
             lines += ["", f"## {title}", "", f"![{title}]({figure_files[key]})"]
@@ -100,6 +104,8 @@ def render_markdown(inp: ReportInputs, figure_files: dict[str, str] | None = Non
         lines += ["", "## Distribution statistics (teacher-forced)", ""] + md_table(
             rows.DIST_HEADERS, [rows.dist_row(d) for d in c.distribution]
         )
+    lines += reference_section(inp)
+    lines += cache_path_section(inp)
     lines += ["", "## Changed answers", ""] + _examples(inp)
     lines += ["", "## Methods and conventions", ""] + [f"- {md_cell(m)}" for m in methods(inp)]
     lines += ["", "## Provenance", ""] + [f"- {md_cell(k)}: {md_cell(val)}" for k, val in provenance(inp)]

@@ -109,20 +109,24 @@ def excess_flips(cand_pair: PairedTask, rerun_pair: PairedTask, key: str) -> Exc
     kept = np.array([r for r in rows if None not in r], dtype=np.float64).reshape(-1, 3)  # (m, 3): base, cand, rerun
     if kept.shape[0] == 0:
         return None
-    x = kept[:, 1] != kept[:, 0]
-    y = kept[:, 2] != kept[:, 0]
-    only_c, only_r = int(np.sum(x & ~y)), int(np.sum(~x & y))
-    m = only_c + only_r
-    p = float(stats.binomtest(only_c, m, 0.5, alternative="greater").pvalue) if m else 1.0
-    n = int(kept.shape[0])
     aa = paired_metric(rerun_pair, key)
     aa_clusters = aa.clusters if len(set(aa.clusters)) < len(aa.base) else None
     aa_delta, aa_se, _ = cluster_mean_se(aa.cand - aa.base, aa_clusters)
+    return flip_excess(kept[:, 1] != kept[:, 0], kept[:, 2] != kept[:, 0],
+                       aa_delta if len(aa.base) else None, aa_delta / aa_se if aa_se else None)
+
+
+def flip_excess(x: np.ndarray, y: np.ndarray, aa_delta: float | None, aa_z: float | None) -> ExcessFlips:
+    """The excess-flip sign test from two flip masks (m,) bool over the same samples: x the candidate's
+    flips, y the floor's (rerun's); exact one-sided, H1: x-only flips outnumber y-only ones."""
+    only_c, only_r = int(np.sum(x & ~y)), int(np.sum(~x & y))
+    m = only_c + only_r
+    p = float(stats.binomtest(only_c, m, 0.5, alternative="greater").pvalue) if m else 1.0
+    n = int(x.size)
     return ExcessFlips(
         n=n, flips_candidate=int(x.sum()), flips_rerun=int(y.sum()), only_candidate=only_c, only_rerun=only_r,
-        p_excess=p, rerun_rate=float(y.sum()) / n, rerun_ci95=wilson(int(y.sum()), n),
-        aa_delta=aa_delta if len(aa.base) else None,
-        aa_z=aa_delta / aa_se if aa_se else None,
+        p_excess=p, rerun_rate=float(y.sum()) / n if n else 0.0, rerun_ci95=wilson(int(y.sum()), n),
+        aa_delta=aa_delta, aa_z=aa_z,
     )
 
 

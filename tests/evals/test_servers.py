@@ -158,7 +158,10 @@ def test_llamacpp_nvfp4_kv_cache_generates_and_refuses_scoring(smollm2_gguf: Pat
     kv_line = [ln for ln in log_path.read_text().splitlines() if "llama_kv_cache: size" in ln]
     assert kv_line and "K (nvfp4)" in kv_line[0] and "V (nvfp4)" in kv_line[0]
     assert all(isinstance(r, engine_base.GenerateResult) for r in first)
-    assert first == second  # greedy decoding of the same requests repeats
+    # greedy decoding of the same requests repeats (the second call may hit llama.cpp's prompt cache)
+    assert [(r.text, r.output_tokens, r.finish_reason) for r in first] == \
+        [(r.text, r.output_tokens, r.finish_reason) for r in second]
+    assert all(r.cached_tokens is not None for r in second)  # llama.cpp says how many it reused (timings.cache_n)
     assert first[0].text.startswith(" Paris")  # type: ignore[union-attr]
     assert first[1].text.startswith(" 5, 6") and first[1].finish_reason == "length"  # type: ignore[union-attr]
     assert all(r.output_tokens <= 8 and "\n" not in r.text for r in first)  # type: ignore[union-attr]

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evals.errors import EngineError
-from quant.kv_spec import KVQuantSpec
+from quant.kv_spec import KVQuantSpec, unknown_key_message
 from quant.validation import FirstError, did_you_mean, first_error
 
 KV_FIELD = "kv"
@@ -61,7 +61,7 @@ def _message(err: FirstError) -> str:
     head, _, rest = err.where.partition(".")
     if head == KV_FIELD and rest:
         if err.type == "extra_forbidden":
-            return f"kv cache spec: unknown key {rest!r}; {did_you_mean(rest, KVQuantSpec.model_fields)}"
+            return f"kv cache spec: {unknown_key_message(rest)}"
         return f"kv cache spec: {rest}: {err.msg}"
     if head == KV_FIELD and err.type == "value_error":  # the spec's own consistency rules
         return f"kv cache spec: {err.msg}"

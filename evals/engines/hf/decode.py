@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,9 @@ TRIM_MIN_POSITIONS = 64  # drop positions that are padding in every decoding row
 DRAFT_TOKEN_BUDGET = 32
 
 Member = tuple[int, list[int]]  # (request index, prompt token ids including the cached prefix)
+# (request index, prompt ids) -> (its prefilled cache, the last position's logits [1, vocab]): a prefill
+# other than the chunked one below (the prefix cache's, evals.engines.hf.cached)
+Prefill = Callable[[int, list[int]], tuple[Any, torch.Tensor]]
 Results = dict[int, GenerateResult | Failure]  # by request index
 
 
@@ -53,7 +57,7 @@ class Row:
 
 
 def generate_stream(hf: HFModel, requests: list[GenerateRequest], members: list[Member],
-                    pre: PrefixKV | None) -> Results:
+                    pre: PrefixKV | None, prefill: Prefill | None = None) -> Results:
     """Generate for `members` (requests whose prompts start with `pre`, sorted longest first) with at
     most batch_size sequences decoding at once, within the token budget. On an error the unfinished
     requests are run again one by one, so only a failing request fails."""
@@ -62,7 +66,7 @@ def generate_stream(hf: HFModel, requests: list[GenerateRequest], members: list[
     width = min(hf.args.batch_size, max(1, hf.args.max_batch_tokens // max(1, longest)))
     out: Results = {}
     try:
-        ContinuousBatch(hf, requests, pre, out).run(deque(members), width)
+        ContinuousBatch(hf, requests, pre, out, prefill).run(deque(members), width)
     except Exception as exc:  # noqa: BLE001 - fall back to one request at a time
         rest = [m for m in members if m[0] not in out]
         log.warning("hf engine: batched decoding failed (%s); running %d requests one by one", exc, len(rest))
@@ -77,26 +81,32 @@ class ContinuousBatch:
     """One continuous-batching run: rows are admitted from a queue, decode together, and leave when
     finished; results go into `out` by request index."""
 
-    def __init__(self, hf: HFModel, requests: list[GenerateRequest], pre: PrefixKV | None, out: Results) -> None:
+    def __init__(self, hf: HFModel, requests: list[GenerateRequest], pre: PrefixKV | None, out: Results,
+                 prefill: Prefill | None = None) -> None:
         self.hf = hf
+        self.prefill = prefill
         self.requests = requests
         self.pre = pre
         self.cut = len(pre.ids) if pre is not None else 0
         self.out = out
 
     @torch.inference_mode()
-    def prefill_row(self, req: GenerateRequest, ids: list[int], gen: torch.Generator | None) -> Row:
+    def prefill_row(self, req: GenerateRequest, ids: list[int], gen: torch.Generator | None, index: int = -1) -> Row:
         """Prefill one prompt (the ids after the cached prefix) unpadded, and pick its first token."""
         hf, pre = self.hf, self.pre
         p = self.cut
-        cache = pre.expand(1) if pre is not None else hf.new_cache()
-        x = torch.tensor([ids], dtype=torch.long, device=hf.device)
-        step = hf.args.prefill_chunk
-        for start in range(0, len(ids), step):
-            end = min(len(ids), start + step)
-            pos = torch.arange(p + start, p + end, device=hf.device)[None, :]
-            logits = hf.forward(x[:, start:end], cache=cache, position_ids=pos, logits_to_keep=1)
-        first = pick(logits[:, -1, :].float(), [req], [gen])[0]
+        if self.prefill is not None:
+            cache, last = self.prefill(index, ids)
+        else:
+            cache = pre.expand(1) if pre is not None else hf.new_cache()
+            x = torch.tensor([ids], dtype=torch.long, device=hf.device)
+            step = hf.args.prefill_chunk
+            for start in range(0, len(ids), step):
+                end = min(len(ids), start + step)
+                pos = torch.arange(p + start, p + end, device=hf.device)[None, :]
+                logits = hf.forward(x[:, start:end], cache=cache, position_ids=pos, logits_to_keep=1)
+            last = logits[:, -1, :]
+        first = pick(last.float(), [req], [gen])[0]
         return Row(cache=cache, length=p + len(ids), pending=first, next_pos=p + len(ids), gen=gen,
                    window=stop_window(req))
 
@@ -113,7 +123,7 @@ class ContinuousBatch:
             req = self.requests[i]
             gen = sampler(req, self.hf.device)
             try:
-                row = self.prefill_row(req, ids[self.cut:], gen)
+                row = self.prefill_row(req, ids[self.cut:], gen, i)
             except Exception as exc:  # noqa: BLE001 - one bad request must not sink the others
                 self.out[i] = Failure(f"{type(exc).__name__}: {exc}")
                 continue

@@ -17,13 +17,18 @@ from evals.engines import base
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.hf.batch import generate_batch
 from evals.engines.hf.batching import chunks, guarded, token_budget
+from evals.engines.hf.cached import cached_generate, cached_token_logprobs
 from evals.engines.hf.decode import Member, generate_stream
 from evals.engines.hf.logprobs import token_logprobs
 from evals.engines.hf.model import HFModel
 from evals.engines.hf.prefix import PrefixKV, PrefixStore
+from evals.engines.hf.prefix_cache import prefix_cache_for
 from evals.engines.hf.score import loglikelihood
+from evals.errors import EngineError
 from evals.records import TokenLogprobs
 from quant.scales import KVScales
+
+PREFIX_CACHE_HINT = "set engine_args.kv.prefix_cache = { enabled = true }"
 
 
 class HFEngine:
@@ -33,6 +38,7 @@ class HFEngine:
                  scales: KVScales | None = None) -> None:
         self.hf = HFModel(model, tokenizer, args, scales)
         self.prefixes = PrefixStore(self.hf)
+        self.prefix_cache = prefix_cache_for(self.hf)  # kv.prefix_cache: generate and token_logprobs read it
         self.tokenizer = tokenizer
         self.device = self.hf.device
         self.max_length = self.hf.max_length
@@ -67,6 +73,8 @@ class HFEngine:
     def generate(self, requests: list[base.GenerateRequest]) -> list[base.GenerateResult | base.Failure]:
         """Greedy or seeded-sampled generation until a stop string, EOS or `max_tokens`."""
         hf = self.hf
+        if self.prefix_cache is not None:
+            return cached_generate(hf, self.prefix_cache, requests)
         out: list[base.GenerateResult | base.Failure | None] = [None] * len(requests)
         groups: dict[tuple[int, ...], list[Member]] = {}
         cached: dict[tuple[int, ...], PrefixKV | None] = {(): None}
@@ -111,11 +119,32 @@ class HFEngine:
 
     def token_logprobs(self, requests: list[base.TokenLogprobsRequest]) -> list[TokenLogprobs | base.Failure]:
         """Top-k next-token log-probs and the actual next token's log-prob at every position."""
+        if self.prefix_cache is not None:
+            return cached_token_logprobs(self.hf, self.prefix_cache, requests)
         return token_logprobs(self.hf, requests)
+
+    @property
+    def prefix_cache_enabled(self) -> bool:
+        """Whether the arm's kv spec turned the prefix cache on."""
+        return self.prefix_cache is not None
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prompt: the next request is served cold (EngineError without a prefix cache)."""
+        if self.prefix_cache is None:
+            raise EngineError(f"hf engine: no prefix cache to reset; {PREFIX_CACHE_HINT}")
+        self.prefix_cache.reset()
+
+    def prefix_cache_stats(self) -> base.PrefixCacheStats:
+        """Prompt tokens looked up and read from the prefix cache since the engine started (counted)."""
+        if self.prefix_cache is None:
+            raise EngineError(f"hf engine: no prefix cache to count; {PREFIX_CACHE_HINT}")
+        return self.prefix_cache.stats()
 
     def close(self) -> None:
         """Drop the model, the cached prefixes and (on GPU) the allocator's cache."""
         self.prefixes.clear()
+        if self.prefix_cache is not None:
+            self.prefix_cache.reset()
         self.hf.model = self.hf.decoder = self.hf.head = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -28,6 +28,7 @@ from evals.engines.lmeval_tokens import PairTokenizer, encode_pair
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.openai_api.chat import NO_SCORING_HINT, chat_payload, check_chat_requests, parse_chat
 from evals.engines.openai_api.client import ApiClient, RequestRejected, RetriesExhausted, api_key_from_env
+from evals.engines.openai_api.prefix_cache import ServerPrefixCache, response_tokens
 from evals.engines.openai_api.sampling import ServerKind, check_sampling, kind_from_models, sampling_body
 from evals.engines.stops import cut_at_stop
 from evals.errors import EngineError
@@ -115,6 +116,9 @@ class OpenAIEngine:
         except BaseException:
             self.client.close()
             raise
+        # the sessions probe's cold path (a reset) and hit counters: evals.engines.openai_api.prefix_cache
+        self.prefix_cache = ServerPrefixCache(self.server_kind, self.client.base_urls,
+                                              [r.http for r in self.client.replicas])
         self.info = base.EngineInfo(
             name="openai",
             model=self.served_model,
@@ -199,8 +203,11 @@ class OpenAIEngine:
 
             return self.client.map(chat, requests)
 
+        extras = self.prefix_cache.request_extras()
+
         def one(req: base.GenerateRequest, key: int) -> base.GenerateResult:
-            payload: dict[str, JsonValue] = {"prompt": req.prompt, **sampling_body(self.server_kind, req, "completions")}
+            payload: dict[str, JsonValue] = {"prompt": req.prompt, **sampling_body(self.server_kind, req, "completions"),
+                                             **extras}
             body = self._completion(payload, key)
             choice = body["choices"][0]
             body_text = choice.get("text")
@@ -211,9 +218,20 @@ class OpenAIEngine:
             counted = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
             tokens = counted if isinstance(counted, int) else self._count_tokens(text)
             finish = "length" if choice.get("finish_reason") == "length" else "stop"
-            return base.GenerateResult(text=text, output_tokens=tokens, finish_reason=finish)
+            prompt_tokens, cached = response_tokens(body)
+            self.prefix_cache.count(prompt_tokens, cached)
+            return base.GenerateResult(text=text, output_tokens=tokens, finish_reason=finish,
+                                       prompt_tokens=prompt_tokens, cached_tokens=cached)
 
         return self.client.map(one, requests)
+
+    def reset_prefix_cache(self) -> None:
+        """Serve the next call cold: the server's reset endpoint, or llama.cpp's cache_prompt = false."""
+        self.prefix_cache.reset()
+
+    def prefix_cache_stats(self) -> base.PrefixCacheStats:
+        """The server's prefix-cache counters (/metrics), else the responses' own cached-token numbers."""
+        return self.prefix_cache.stats()
 
     def loglikelihood(self, requests: list[base.LoglikelihoodRequest]) -> list[base.LoglikelihoodResult | base.Failure]:
         """Sum of continuation token log-probs per continuation (nats), and whether each is greedy."""
@@ -249,26 +267,48 @@ class OpenAIEngine:
 
         return self.client.map(one, encoded)
 
+    def _prompt_logprobs_missing(self) -> str | None:
+        """Why this server cannot give prompt log-probs (the chat endpoint, no echo), or None when it can."""
+        try:
+            self._refuse_chat_scoring()
+            self._require_echo()
+        except EngineError as exc:
+            return str(exc)
+        return None
+
+    def _scored_ids(self, tok: Any, req: base.TokenLogprobsRequest) -> tuple[list[int], int, int]:
+        """(prompt ids, first scored position, top_k): the text from its second token, or with a context,
+        context + continuation split as lm-eval's log-likelihood (only the continuation's positions)."""
+        if not req.context:
+            return list(tok.encode(req.text))[: req.max_tokens], 1, req.top_k
+        ctx, cont = encode_pair(tok, req.context, req.text)
+        return ctx + cont[: req.max_tokens], len(ctx), req.top_k
+
     def token_logprobs(self, requests: list[base.TokenLogprobsRequest]) -> list[TokenLogprobs | base.Failure]:
-        """Teacher-forced top-k next-token distributions over each text (first `max_tokens` tokens)."""
+        """Teacher-forced top-k next-token distributions over each text (first `max_tokens` tokens), or over
+        a continuation given its context; a server without prompt log-probs answers the continuations
+        Failure("not available: ...") (a reference answer is beside its task) and refuses plain texts."""
         if not requests:
             return []
-        self._refuse_chat_scoring()
-        self._require_echo()
+        missing = self._prompt_logprobs_missing()
+        if missing is not None and all(req.context for req in requests):
+            return [base.Failure(f"not available: {missing}")] * len(requests)
+        if missing is not None:
+            raise EngineError(missing)
         tok = self.tokenizer()
-        encoded = [(list(tok.encode(req.text))[: req.max_tokens], req.top_k) for req in requests]
+        encoded = [self._scored_ids(tok, req) for req in requests]
 
-        def one(job: tuple[list[int], int], key: int) -> TokenLogprobs:
-            ids, top_k = job
-            if len(ids) < 2:
-                raise ValueError("the text has fewer than 2 tokens: nothing to predict")
+        def one(job: tuple[list[int], int, int], key: int) -> TokenLogprobs:
+            ids, first, top_k = job
+            if len(ids) <= first:
+                raise ValueError("nothing to predict: the text has fewer than 2 tokens or the continuation none")
             body = self._completion(echo_payload([ids], top=top_k), key)
             echo = parse_echo(body["choices"][0], len(ids))
             check_echo(echo, ids)
             topk_ids: list[list[int]] = []
             topk_lps: list[list[float]] = []
             target_lps: list[float] = []
-            for pos in range(1, len(ids)):  # position pos-1 predicts token pos
+            for pos in range(first, len(ids)):  # position pos-1 predicts token pos
                 lp, top = echo.logprobs[pos], echo.top[pos]
                 if lp is None or not top:
                     raise ValueError(f"no log-probs for prompt position {pos}")
@@ -283,7 +323,7 @@ class OpenAIEngine:
                 topk_lps.append([float(v) for _, v in keyed])
                 target_lps.append(float(lp))
             return TokenLogprobs(
-                target_ids=ids[1:], target_logprobs=target_lps, topk_ids=topk_ids, topk_logprobs=topk_lps
+                target_ids=ids[first:], target_logprobs=target_lps, topk_ids=topk_ids, topk_logprobs=topk_lps
             )
 
         return self.client.map(one, encoded)

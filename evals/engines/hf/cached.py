@@ -1,0 +1,79 @@
+"""Requests served through the hf engine's prefix cache (`evals.engines.hf.prefix_cache`): generation
+and teacher-forced log-probs, in request order (a later request may hit an earlier one's prompt, as in a
+serving engine), each prompt prefilled alone with block-aligned chunks, with its prompt and cached token
+counts in the result (GenerateResult.prompt_tokens / cached_tokens).
+
+Generation decodes in the continuous-batching decoder (`evals.engines.hf.decode`), whose prefill is
+this prefix cache's. Log-likelihood requests are not served from it (they keep the few-shot prefix of
+`evals.engines.hf.prefix`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from evals.engines.base import Failure, GenerateRequest, GenerateResult, TokenLogprobsRequest
+from evals.engines.hf.decode import Member, generate_stream
+from evals.engines.hf.logprobs import scored_row, shortest_floats
+from evals.engines.hf.model import HFModel
+from evals.engines.hf.prefix_cache import PrefixCache
+from evals.records import TokenLogprobs
+
+
+def cached_generate(hf: HFModel, cache: PrefixCache,
+                    requests: list[GenerateRequest]) -> list[GenerateResult | Failure]:
+    """Greedy or seeded-sampled generation with every prompt prefilled through the prefix cache."""
+    out: list[GenerateResult | Failure | None] = [None] * len(requests)
+    members: list[Member] = []
+    for i, req in enumerate(requests):
+        if req.max_tokens < 1 or req.max_tokens >= hf.max_length:
+            out[i] = Failure(f"max_tokens {req.max_tokens} must be in [1, {hf.max_length - 1}]")
+            continue
+        try:
+            members.append((i, hf.tokens.encode(req.prompt)[-(hf.max_length - req.max_tokens):]))
+        except Exception as exc:  # noqa: BLE001 - a tokeniser error fails this request only
+            out[i] = Failure(f"{type(exc).__name__}: {exc}")
+    hits: dict[int, int] = {}
+
+    def prefill(i: int, ids: list[int]) -> tuple[Any, torch.Tensor]:
+        served = cache.serve(ids, len(ids) - 1, len(ids))
+        hits[i] = served.cached
+        return served.cache, served.logits  # logits [1, vocab]: the last position's
+
+    if members:  # in request order: which prompt is served first decides what the next one hits
+        for i, res in generate_stream(hf, requests, members, None, prefill=prefill).items():
+            out[i] = res
+    for i, ids in members:
+        res = out[i]
+        if isinstance(res, GenerateResult):
+            out[i] = replace(res, prompt_tokens=len(ids), cached_tokens=hits.get(i, 0))
+    assert all(r is not None for r in out)
+    return out  # type: ignore[return-value]
+
+
+def cached_token_logprobs(hf: HFModel, cache: PrefixCache,
+                          requests: list[TokenLogprobsRequest]) -> list[TokenLogprobs | Failure]:
+    """Top-k next-token log-probs at every scored position (after `context` when a request has one),
+    each request's sequence prefilled through the prefix cache in request order."""
+    out: list[TokenLogprobs | Failure] = []
+    for req in requests:
+        try:
+            row = scored_row(hf, req)
+            if isinstance(row, Failure):
+                out.append(row)
+                continue
+            ids, start = row
+            served = cache.serve(ids, start, len(ids) - 1)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not sink the others
+            out.append(Failure(f"{type(exc).__name__}: {exc}"))
+            continue
+        lp = torch.log_softmax(served.logits.float(), dim=-1)  # [len - 1 - start, vocab]; t predicts ids[start+t+1]
+        target = ids[start + 1:]
+        top_v, top_i = lp.topk(min(req.top_k, lp.shape[-1]), dim=-1)  # descending
+        picked = lp.gather(1, torch.tensor(target, dtype=torch.long, device=lp.device)[:, None])[:, 0]
+        out.append(TokenLogprobs(target_ids=target, target_logprobs=shortest_floats(picked),
+                                 topk_ids=top_i.tolist(), topk_logprobs=[shortest_floats(v) for v in top_v]))
+    return out

@@ -1,0 +1,197 @@
+"""The hf engine's prefix cache (`kv.prefix_cache = { enabled = true, replay_window = W }`): a served
+prompt's KV is kept in the arm's cache format and reused by a later prompt that extends it.
+
+What is kept: after a prompt is prefilled (a generation's prompt; a teacher-forced pass's context and
+text), a copy of its cache cut to whole blocks: for an emulated cache the stored bytes (packed NVFP4
+codes, block scales, the per-sequence decode scales, the FP8 recent window) exactly as the cache held
+them, for format "none" the values; a hit copies them back, nothing is re-quantized or recomputed.
+Entries are kept least-recently-used first out within `max_tokens` cached positions; an entry that a
+new one extends is replaced by it.
+
+Lookup: the longest common token prefix with any entry, at most up to the first position whose logits
+the request needs (so at least one position is computed), rounded down to a multiple of `block`: a
+hit of P positions. Bounded replay (W > 0): positions [0, P - W) are read from the cache and
+[P - W, P) are recomputed by one forward pass attending to them, and stored as any write is; then the
+rest of the prompt. A hit with P <= W reuses nothing.
+
+Chunking: with the prefix cache on, every prompt (cold or warm) is prefilled in chunks that end at
+multiples of `block` absolute positions (vLLM: block-aligned hits with chunked prefill). Measured on
+CPU in float32 (SmolLM2-135M, a 700-token prompt): a forward over the suffix after a reused cache
+differs from one forward over the whole prompt by up to 7e-5 in the logits (matrix products and
+attention are blocked by the pass's shape), so reading a cache that a differently shaped pass made
+cannot be bit-equal to cold. With fixed boundaries the positions after a hit run in exactly the cold
+pass's shapes: with format "none" and replay off, warm == cold bit for bit (tested, not compared
+with a tolerance). The cost: dynamic KV scales come from the first chunk, and a recent window moves
+at every chunk boundary, in the cold path as in the warm one. Only a batch of one is served this way
+(each prompt is prefilled alone, as the continuous-batching decoder does anyway).
+
+Counting (source "counted"): each lookup adds the prompt's tokens to `queried_tokens` and the
+positions read from the cache (P - W on a hit) to `hit_tokens`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from evals.engines.base import PrefixCacheStats
+from evals.engines.hf.model import HFModel
+from evals.errors import EngineError
+from quant.errors import QuantError
+from quant.kv_spec import PrefixCacheSpec
+
+STATS_SOURCE = "counted"
+
+
+@dataclass(frozen=True)
+class Served:
+    """One prompt prefilled through the prefix cache: its own cache (every position of the prompt), the
+    logits [positions asked for, vocab] and how many positions were read from the prefix cache."""
+
+    cache: Any
+    logits: torch.Tensor
+    cached: int
+
+
+def prefix_cache_for(hf: HFModel) -> PrefixCache | None:
+    """The engine's prefix cache when its kv spec enables one (None otherwise); EngineError when the
+    spec cannot work with this model (replay window or block not smaller than the context, or a
+    model with sliding-window layers, whose caches cannot be cut back)."""
+    spec = hf.args.kv.prefix_cache if hf.args.kv is not None else None
+    if spec is None or not spec.enabled:
+        return None
+    where = "hf engine: kv cache spec: prefix_cache"
+    if spec.replay_window >= hf.max_length:
+        raise EngineError(f"{where}.replay_window {spec.replay_window} is larger than the model context "
+                          f"({hf.max_length} tokens); use a smaller window")
+    if spec.block >= hf.max_length:
+        raise EngineError(f"{where}.block {spec.block} is not smaller than the model context ({hf.max_length} tokens)")
+    if not hf.rows_ok:
+        try:
+            hf.new_cache()
+        except QuantError as exc:  # the spec does not fit the model: say that, not what follows from it
+            raise EngineError(f"hf engine: {exc}") from None
+        raise EngineError(f"{where}: the model has sliding-window layers, whose cache cannot be cut back to a hit")
+    return PrefixCache(hf, spec)
+
+
+def common_prefix(a: tuple[int, ...], b: list[int], limit: int) -> int:
+    """Length of the longest common prefix of a and b, at most `limit`."""
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def chunk_bounds(read: int, hit: int, n: int, block: int) -> list[tuple[int, int]]:
+    """Forward passes [start, end) for a prompt of n tokens with `read` positions read from the cache
+    and a hit of `hit`: the replay [read, hit) as one pass, then chunks ending at multiples of block."""
+    out = [(read, hit)] if read < hit else []
+    a = hit
+    while a < n:
+        b = min(n, (a // block + 1) * block)
+        out.append((a, b))
+        a = b
+    return out
+
+
+def drop_latest(cache: Any, n: int) -> None:
+    """Forget the n newest positions of every layer of one of the engine's caches."""
+    if n > 0:
+        cache.crop(-n)  # our cache layers take the (negative) number of positions to remove
+
+
+class PrefixCache:
+    """Served prompts' KV by token ids (least recently used first), the lookup, and the counters."""
+
+    def __init__(self, hf: HFModel, spec: PrefixCacheSpec) -> None:
+        self.hf = hf
+        self.spec = spec
+        self.entries: OrderedDict[tuple[int, ...], Any] = OrderedDict()  # ids -> cache holding len(ids)
+        self.queried_tokens = 0
+        self.hit_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def cached_positions(self) -> int:
+        """Positions held by all entries."""
+        return sum(len(k) for k in self.entries)
+
+    def reset(self) -> None:
+        """Forget every entry (the counters keep counting)."""
+        self.entries.clear()
+
+    def stats(self) -> PrefixCacheStats:
+        """The cumulative lookup and hit counters."""
+        return PrefixCacheStats(queried_tokens=self.queried_tokens, hit_tokens=self.hit_tokens, source=STATS_SOURCE)
+
+    def match(self, ids: list[int], limit: int) -> tuple[tuple[int, ...] | None, int]:
+        """(entry, P): the entry sharing the longest prefix with ids (at most `limit` tokens), P that
+        prefix rounded down to whole blocks; (None, 0) when no block matches."""
+        best, best_n = None, 0
+        for key in self.entries:
+            n = common_prefix(key, ids, limit)
+            if n > best_n:
+                best, best_n = key, n
+        hit = best_n // self.spec.block * self.spec.block
+        return (best, hit) if hit else (None, 0)
+
+    def lookup(self, ids: list[int], limit: int) -> tuple[Any, int, int]:
+        """(cache, read, hit) for a prompt: a private cache holding the `read` positions taken from the
+        longest cached prefix (hit minus the replay window), or a fresh cache with (0, 0). Counted."""
+        key, hit = self.match(ids, limit)
+        read = max(0, hit - self.spec.replay_window)
+        self.queried_tokens += len(ids)
+        if key is None or read == 0:
+            return self.hf.new_cache(), 0, 0
+        self.entries.move_to_end(key)
+        cache = copy.deepcopy(self.entries[key])
+        drop_latest(cache, len(key) - read)
+        self.hit_tokens += read
+        return cache, read, hit
+
+    def store(self, ids: list[int], cache: Any) -> None:
+        """Keep a copy of `cache` (holding len(ids) positions) cut to whole blocks, replacing the
+        entries it extends; then drop the least recently used entries beyond `max_tokens` positions."""
+        keep = len(ids) // self.spec.block * self.spec.block
+        if keep == 0 or keep > self.spec.max_tokens:
+            return
+        key = tuple(ids[:keep])
+        if key in self.entries:
+            self.entries.move_to_end(key)
+            return
+        for old in [k for k in self.entries if len(k) < keep and key[: len(k)] == k]:
+            del self.entries[old]
+        kept = copy.deepcopy(cache)
+        drop_latest(kept, len(ids) - keep)
+        self.entries[key] = kept
+        total = self.cached_positions
+        while total > self.spec.max_tokens:
+            old, _ = self.entries.popitem(last=False)
+            total -= len(old)
+
+    @torch.inference_mode()
+    def serve(self, ids: list[int], first: int, last: int) -> Served:
+        """Prefill `ids` reusing the longest cached prefix that ends at or before position `first`, return
+        the logits at positions [first, last) (position t predicts ids[t + 1]) and keep the prompt's KV."""
+        hf = self.hf
+        assert 0 <= first < last <= len(ids)
+        cache, read, hit = self.lookup(ids, first)
+        x = torch.tensor([ids], dtype=torch.long, device=hf.device)
+        parts: list[torch.Tensor] = []
+        for a, b in chunk_bounds(read, max(hit, read), len(ids), self.spec.block):
+            pos = torch.arange(a, b, device=hf.device)[None, :]
+            lo, hi = max(a, first), min(b, last)
+            if hi > lo:
+                parts.append(hf.span_logits(x[:, a:b], [(0, lo - a, hi - lo)], cache=cache, position_ids=pos)[0])
+            else:
+                hf.forward(x[:, a:b], cache=cache, position_ids=pos, logits_to_keep=1)
+        self.store(ids, cache)
+        return Served(cache=cache, logits=torch.cat(parts), cached=read)

@@ -1,0 +1,143 @@
+"""The report's "Cache path" section (comparison.json `cache_path`, qa.stats.cache_path): per sessions
+task, each arm's warm path against its own cold path (prefix-cache hit rate, identical outputs, first
+divergence, KL(cold || warm), flips), per turn depth, the shuffled batch-history A/A floor, the
+candidate next to the baseline (excess flips, KL difference, warm accuracy vs the baseline's cold path)
+and the gate's cache-path rules (qa.gate.cache_path)."""
+
+from __future__ import annotations
+
+from html import escape
+
+from qa.comparison import AgreementShare, CacheArm, CachePathEstimate, CacheTurn, Flips, Interval
+from qa.gate.verdict import TaskVerdict
+from qa.report.gather import ReportInputs
+from qa.textfmt import md_cell, percent, pts
+
+TITLE = "Cache path"
+CAPTION = ("Each turn of a session served cold (no reusable prefix) and warm (right after its prefix) in each "
+           "arm; the per-task results above use the cold path only. Hit rate: share of the warm path's prompt "
+           "tokens the engine reported serving from its prefix cache (0 or not reported: no information). First "
+           "divergence: median character offset of the first difference between the warm and cold completions. "
+           "KL(cold || warm): nats/token on the turn's fixed teacher-forced continuation. Intervals are 95%, "
+           "clustered by session. A/A floor: the cold prompts served again in a shuffled order and batch size.")
+ARM_HEADERS = ("arm", "warm hit rate", "cold hit rate", "identical outputs (95% CI)", "first divergence (chars)",
+               "KL(cold || warm) (95% CI)", "top-1 agreement", "flips warm vs cold", "A/A floor: identical outputs",
+               "A/A floor: identical top-k")
+TURN_HEADERS = ("turn", "arm", "pairs", "hit rate", "identical outputs", "first divergence (chars)",
+                "KL(cold || warm) (95% CI)", "flips")
+
+
+def _pct(x: float | None) -> str:
+    return "0%" if x == 0 else percent(x)  # an exact 0 (no hit at all) is not "<0.01%"
+
+
+def _share(s: AgreementShare | None) -> str:
+    if s is None:
+        return "-"
+    lo = _pct(s.ci95.lower if s.ci95.lower > 1e-9 else 0.0)  # Wilson's lower limit at 0 of n is 0 up to rounding
+    return f"{s.agree}/{s.n} ({_pct(s.share)}, [{lo}, {_pct(s.ci95.upper)}])"
+
+
+def _kl(value: float | None, ci: Interval | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" + (f" [{ci.lower:.4g}, {ci.upper:.4g}]" if ci is not None else "")
+
+
+def _rate(rate: float | None) -> str:
+    return "not reported" if rate is None else _pct(rate)
+
+
+def _flips(flips: dict[str, Flips]) -> str:
+    return "; ".join(f"{k}: {f.n10 + f.n01}/{f.n} ({f.n10} worse warm, {f.n01} better)" for k, f in flips.items()) or "-"
+
+
+def _offset(x: float | None) -> str:
+    return "-" if x is None else f"{x:g}"
+
+
+def arm_row(arm: CacheArm) -> list[str]:
+    """One row of the per-arm table (ARM_HEADERS), plain text."""
+    kld = arm.kld
+    tokens = f" ({arm.cached_tokens} of {arm.prompt_tokens} tokens)" if arm.hit_rate is not None else ""
+    floor = arm.floor
+    return [arm.arm, _rate(arm.hit_rate) + tokens, _rate(arm.cold_hit_rate), _share(arm.identical),
+            _offset(arm.first_divergence), _kl(kld.value if kld else None, kld.ci95 if kld else None),
+            percent(arm.top1_agree.value) if arm.top1_agree else "-", _flips(arm.flips),
+            _share(floor.identical_outputs) if floor else "no shuffled pass",
+            _share(floor.identical_topk) if floor else "-"]
+
+
+def turn_row(arm: str, t: CacheTurn) -> list[str]:
+    """One row of the per-turn-depth table (TURN_HEADERS), plain text."""
+    return [str(t.turn), arm, str(t.n), _rate(t.hit_rate), _share(t.identical), _offset(t.first_divergence),
+            _kl(t.kld, t.kld_ci95), _flips(t.flips)]
+
+
+def comparison_lines(cp: CachePathEstimate, tv: TaskVerdict | None) -> list[str]:
+    """The candidate next to the baseline, and the gate's cache-path rules, one plain line each."""
+    out = []
+    for key, ex in cp.excess_flips.items():
+        out.append(f"Excess flips ({key}): {ex.flips_candidate} candidate vs {ex.flips_rerun} baseline warm-vs-cold "
+                   f"flips of {ex.n} turns; {ex.only_candidate} only in the candidate, {ex.only_rerun} only in the "
+                   f"baseline; one-sided sign test p = {ex.p_excess:.3g}")
+    if cp.kld is not None:
+        k = cp.kld
+        ci = f", 95% CI [{k.ci95.lower:+.4g}, {k.ci95.upper:+.4g}]" if k.ci95 is not None else ""
+        out.append(f"KL(cold || warm), candidate - baseline: {k.mean_candidate:.4g} - {k.mean_baseline:.4g} = "
+                   f"{k.delta:+.4g} nats/token over {k.n} turns in {k.n_clusters} sessions{ci}")
+    for e in cp.accuracy:
+        ci = f", 95% CI [{pts(e.ci95.lower)}, {pts(e.ci95.upper)}]" if e.ci95 is not None else ""
+        out.append(f"Accuracy ({e.metric},{e.filter}), candidate warm path vs baseline cold path: "
+                   f"{_pct(e.mean_baseline)} -> {_pct(e.mean_candidate)} ({pts(e.delta)}{ci}, n = {e.n})")
+    for r in (tv.rules if tv is not None else []):
+        if r.rule.startswith("cache_"):
+            out.append(f"Gate {r.rule} ({'decides' if r.decides else 'reported'}): {r.status}: {r.detail}")
+    return out + cp.notes
+
+
+def _tables(cp: CachePathEstimate) -> tuple[list[list[str]], list[list[str]]]:
+    arms = [cp.baseline, cp.candidate]
+    turns = sorted(((t, a.arm) for a in arms for t in a.per_turn), key=lambda x: (x[0].turn, arms[0].arm != x[1]))
+    return [arm_row(a) for a in arms], [turn_row(arm, t) for t, arm in turns]
+
+
+def _verdict(inp: ReportInputs, task: str) -> TaskVerdict | None:
+    return next((t for t in inp.verdict.tasks if t.task == task), None)
+
+
+def _md_table(headers: tuple[str, ...], body: list[list[str]]) -> list[str]:
+    return (["| " + " | ".join(md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+            + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in body])
+
+
+def markdown_section(inp: ReportInputs) -> list[str]:
+    """report.md lines of the section (none when no task has a cache path)."""
+    if not inp.comparison.cache_path:
+        return []
+    lines = ["", f"## {TITLE}", "", md_cell(CAPTION)]
+    for cp in inp.comparison.cache_path:
+        arm_rows, turn_rows = _tables(cp)
+        lines += ["", f"### {md_cell(cp.task)}", ""] + _md_table(ARM_HEADERS, arm_rows)
+        lines += ["", "Per turn depth:", ""] + _md_table(TURN_HEADERS, turn_rows) + [""]
+        lines += [f"- {md_cell(x)}" for x in comparison_lines(cp, _verdict(inp, cp.task))]
+    return lines
+
+
+def _html_table(headers: tuple[str, ...], body: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
+
+
+def html_section(inp: ReportInputs) -> str:
+    """report.html fragment of the section ('' when no task has a cache path)."""
+    if not inp.comparison.cache_path:
+        return ""
+    out = [f"<h2>{escape(TITLE)}</h2><p><small>{escape(CAPTION)}</small></p>"]
+    for cp in inp.comparison.cache_path:
+        arm_rows, turn_rows = _tables(cp)
+        out += [f"<h3>{escape(cp.task)}</h3>", _html_table(ARM_HEADERS, arm_rows), "<p>Per turn depth:</p>",
+                _html_table(TURN_HEADERS, turn_rows), "<ul>"]
+        out += [f"<li>{escape(x)}</li>" for x in comparison_lines(cp, _verdict(inp, cp.task))] + ["</ul>"]
+    return "".join(out)

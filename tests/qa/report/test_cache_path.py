@@ -1,0 +1,61 @@
+"""The report's "Cache path" section (qa.report.cache_path) in report.md and report.html of a run directory
+holding hand-made sessions records: hit rates, divergence per turn depth, flips, the A/A floor and the
+gate's cache-path rules; absent for a run without a sessions task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evals.records import write_records
+from qa.analyze import compare_arms, load_arm
+from qa.comparison import StatsSettings, save_comparison
+from qa.report import render
+from qa.report.cache_path import ARM_HEADERS, TURN_HEADERS
+from tests.qa.cache_path_fixtures import sessions_arm
+
+FLIPPED = frozenset({(s, 1) for s in range(6)})
+
+
+def _run(tmp_path: Path, base, cand) -> Path:  # type: ignore[no-untyped-def]
+    run = tmp_path / "run"
+    for arm, recs in (("baseline", base), ("candidate", cand)):
+        write_records(run / "records" / arm / "sessions.jsonl", recs)
+    comp = compare_arms(load_arm(run / "records" / "baseline"), load_arm(run / "records" / "candidate"),
+                        StatsSettings(bootstrap_n=0))
+    save_comparison(run / "comparison.json", comp)
+    return run
+
+
+def test_cache_path_section_in_markdown_and_html(tmp_path: Path) -> None:
+    cand = [r.model_copy(update={"completion": "<b>x</b>"}) if r.item_id == "s001/t1/warm" else r
+            for r in sessions_arm("candidate", flipped=FLIPPED)]
+    paths = render(_run(tmp_path, sessions_arm("baseline"), cand))
+    md, page = paths.markdown.read_text(), paths.html.read_text()
+    assert "## Cache path" in md and "<h2>Cache path</h2>" in page
+    for header in (*ARM_HEADERS, *TURN_HEADERS):
+        assert header.replace("|", "\\|") in md
+    row = next(line for line in md.splitlines() if line.startswith("| candidate | 30.0% (360 of 1200 tokens)"))
+    assert "| 0% |" in row and "6/12 (50.0%" in row  # cold hit rate 0; 6 of 12 warm completions identical
+    assert "exact_match,none: 6/12 (3 worse warm, 3 better)" in row
+    assert "A/A floor" in md and "12/12 (100.0%" in row  # shuffled pass bit-identical to cold
+    turn_rows = [line for line in md.splitlines() if line.startswith(("| 1 | ", "| 2 | "))]
+    assert [r.split(" | ")[1] for r in turn_rows] == ["baseline", "candidate", "baseline", "candidate"]
+    assert any(r.startswith("| 2 | candidate | 6 | 60.0% | 6/6 (100.0%") for r in turn_rows)
+    assert "Excess flips (exact_match,none): 6 candidate vs 0 baseline" in md
+    assert "Gate cache_flips (decides): fail" in md and "Gate cache_hit_rate (decides): pass" in md
+    assert "candidate warm path vs baseline cold path" in md
+    assert "&lt;b&gt;" not in page.split("<h2>Cache path</h2>")[1].split("<h2>")[0]  # completions not shown here
+    assert "<script" not in page
+
+
+def test_a_warm_path_without_hits_reads_no_information(tmp_path: Path) -> None:
+    md = render(_run(tmp_path, sessions_arm("baseline"), sessions_arm("candidate", cached=None))).markdown.read_text()
+    assert "| candidate | not reported |" in md
+    assert "Gate cache_hit_rate (decides): inconclusive: no information" in md
+
+
+def test_no_section_without_a_sessions_task(tmp_path: Path) -> None:
+    plain = [r.model_copy(update={"meta": {}}) for r in sessions_arm("baseline") if r.meta["cache_path"] == "cold"]
+    cand = [r.model_copy(update={"arm": "candidate"}) for r in plain]
+    paths = render(_run(tmp_path, plain, cand))
+    assert "Cache path" not in paths.markdown.read_text() and "Cache path" not in paths.html.read_text()
