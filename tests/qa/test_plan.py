@@ -21,7 +21,7 @@ from qa.plan import (
     plan_run,
     table_priors,
 )
-from qa.policy import default_policy, parse_policy
+from qa.policy import TaskPolicy, default_policy, parse_policy
 from qa.stats.power import items_needed, z_total
 from tests.qa.cli.test_compare_cmd import run_cli
 from tests.shared_data import shared_data_dir
@@ -178,7 +178,8 @@ def test_a_no_information_task_is_planned_on_the_reference_answers_of_an_earlier
     sd_lp, sd_kl = 0.004 * math.sqrt(48), 0.002 * math.sqrt(48)
     assert z * sd_lp < 0.05 and 0.02 + z * sd_kl < 0.05  # hand check: 0.0172 and 0.0286
     plan = _plans([TaskCount("gsm8k", 1319, 16, 1)], PlanOptions(from_run=tmp_path))["gsm8k"]
-    assert plan.reference_reachable is True and f"MDE {z * sd_lp:.4f} vs margin 0.05" in plan.note
+    margin = TaskPolicy().reference_logprob_margin  # the default policy's (the plan reads the spec's policy)
+    assert plan.reference_reachable is True and f"MDE {z * sd_lp:.4f} vs margin {margin:g}" in plan.note
     assert f"KL 0.0200 + MDE {z * sd_kl:.4f}" in plan.note
     tight = "version = 1\n[default]\nreference_kl_margin = 0.03\n"
     assert _plans([TaskCount("gsm8k", 1319, 16, 1)], PlanOptions(from_run=tmp_path), policy_text=tight)[
