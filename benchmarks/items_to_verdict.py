@@ -18,8 +18,12 @@ stopping together. The summary gives, per spending, the mean item ratio over the
 the same both ways, and the look at which each fixed-n FAIL stopped.
 
 The reports committed under reports/ carry no records (README: comparison, verdict and reports only),
-so this takes run directories; the README's numbers come from a run of the fault study's specs
-(baseline, two destructive faults, the correct NVFP4 candidate, the A/A control) made for it.
+so this takes run directories; the README's numbers come from `examples/studies/items_to_verdict.toml`
+(the fault study's baseline, two destructive faults, the correct NVFP4 candidate and the A/A control in
+one run, at 200 WikiText-2 chunks so that the first look reaches the default policy's min_n):
+
+    QA_DATA_DIR=../shared/data .venv/bin/qa run examples/studies/items_to_verdict.toml --out reports/runs/items_to_verdict
+    .venv/bin/python benchmarks/items_to_verdict.py reports/runs/items_to_verdict
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ nvfp4 caches; the model's Q4_1 GGUF). llama.cpp's server gives no prompt log-pro
 is one `/completion` request for the chunk's prefix with n_predict 1 and n_probs = top-k (the prompt
 cache makes each one a one-token step that reads the quantized cache): teacher-forced, like vLLM's.
 The emulator runs transformers with `quant.kv` caches: bf16 for the vLLM pairs, and the same GGUF's
-dequantized weights in float32 for the llama.cpp pairs.
+dequantized weights in float32 for the llama.cpp pairs, every matmul input rounded to q8 blocks as ggml's
+CPU backend does (quant.ggml_blocks.round_matmul_inputs).
 
 Per pair: mean KL over the baseline's top-k + tail (qa.distribution.topk_kl) with a 95% CI clustered by
 chunk, p99 KL, top-1 agreement, and the emulator / real ratio of mean KL with a paired bootstrap CI over
@@ -107,6 +108,7 @@ def emulator_runs(model_kind: str, chunks: list[list[int]], specs: dict[str, dic
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from evals.models import gguf_file, resolve_model
+    from quant.ggml_blocks import round_matmul_inputs
     from quant.kv.attention import profile_attention
     from quant.kv.cache import make_cache
     from quant.kv_spec import kv_spec_from_dict
@@ -117,6 +119,7 @@ def emulator_runs(model_kind: str, chunks: list[list[int]], specs: dict[str, dic
     else:  # the llama.cpp arms' own weights: the Q4_1 GGUF dequantized by transformers
         g = gguf_file("smollm2-135m")
         model = AutoModelForCausalLM.from_pretrained(g.parent, gguf_file=g.name, dtype=torch.float32)
+        round_matmul_inputs(model)  # ggml's CPU matmuls round every activation to q8 blocks, in every arm
     model.eval()
     out: dict[str, Run] = {}
     for name, raw in specs.items():
@@ -188,8 +191,9 @@ def probe_cache_write(kv_cache_dtype: str) -> str:
     return f"unknown (isa {isa})"
 
 
-def vllm_runs(chunks: list[list[int]], top_k: int, work: Path) -> tuple[dict[str, Run], dict[str, str]]:
-    """One vLLM-CPU subprocess per kv_cache_dtype (logs in `work`); runs and the cache dtype each resolved to."""
+def vllm_runs(chunks: list[list[int]], top_k: int, work: Path,
+              skip: frozenset[str] = frozenset()) -> tuple[dict[str, Run], dict[str, str]]:
+    """One vLLM-CPU subprocess per arm not in `skip` (logs in `work`); runs and the cache dtype each resolved to."""
     import tempfile
 
     from evals.models import resolve_model
@@ -199,6 +203,8 @@ def vllm_runs(chunks: list[list[int]], top_k: int, work: Path) -> tuple[dict[str
     runs, resolved = {}, {}
     tmp = Path(tempfile.mkdtemp(prefix="kv_fidelity_"))  # job and result files (token ids, log-probs)
     for arm, dtype in VLLM_ARMS.items():
+        if arm in skip:
+            continue
         job, res = tmp / f"vllm_{arm}.json", tmp / f"vllm_{arm}.out.json"
         job.write_text(json.dumps({"model": str(resolve_model("smollm2-135m").path), "kv_cache_dtype": dtype,
                                    "chunks": chunks, "top_k": top_k, "max_model_len": 2048}))
@@ -216,9 +222,9 @@ def vllm_runs(chunks: list[list[int]], top_k: int, work: Path) -> tuple[dict[str
 
 
 # ---- llama.cpp ----
-def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path) -> dict[str, Run]:
-    """One llama.cpp server per arm of LLAMACPP_ARMS (K and V alike, rotation on); every position one
-    prefix request with n_predict 1 and n_probs = top_k."""
+def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path, skip: frozenset[str] = frozenset()) -> dict[str, Run]:
+    """One llama.cpp server per arm of LLAMACPP_ARMS not in `skip` (K and V alike, rotation on); every
+    position one prefix request with n_predict 1 and n_probs = top_k."""
     import httpx
 
     from evals.models import gguf_file
@@ -226,6 +232,8 @@ def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path) -> dict[str, 
 
     runs = {}
     for arm, (ctype, flash) in LLAMACPP_ARMS.items():
+        if arm in skip:
+            continue
         t0 = time.time()
         # one thread: on a shared 2-core machine two spinning threads made each step ~7x slower (measured)
         spec = LlamaCppServerSpec(gguf=gguf_file("smollm2-135m"), cache_type_k=ctype, cache_type_v=ctype,
@@ -343,6 +351,18 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def skipped_arms(raw: str) -> frozenset[str]:
+    """The --skip-arms names; SystemExit with a one-line error for one that is not a non-baseline arm."""
+    from quant.validation import did_you_mean
+
+    names = frozenset(x.strip() for x in raw.split(",") if x.strip())
+    allowed = [a for a in (*VLLM_ARMS, *LLAMACPP_ARMS) if a not in ("auto", LLAMACPP_BASE)]
+    for name in sorted(names - set(allowed)):
+        raise SystemExit(f"error: --skip-arms: {name!r} is not an arm that can be skipped (baselines cannot); "
+                         f"{did_you_mean(name, allowed, listing='choose from')}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run every arm on the same chunks and write the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -354,6 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--llamacpp-chunks", type=int, default=4, help="the first N chunks for llama.cpp")
     p.add_argument("--llamacpp-tokens", type=int, default=96,
                    help="tokens per chunk for llama.cpp (one HTTP request per position: about 0.5 s each here)")
+    p.add_argument("--skip-arms", default="",
+                   help="comma list of real arms not to run (e.g. the kernel-path arms f32,f16_fa_off); not a baseline")
     p.add_argument("--out", type=Path, default=REPO / "reports" / "fidelity")
     p.add_argument("--vllm-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
@@ -362,6 +384,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     engines = set(ns.engines.split(","))
     sys.path.insert(0, str(REPO))
+    skip = skipped_arms(ns.skip_arms)
     import torch
 
     torch.set_num_threads(1)  # one thread, as the servers: the machine is shared and oversubscribed
@@ -377,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     if "vllm" in engines:
         specs = {"plain": None, **{name: {**raw, **CONSTANT_1} for _, name, raw in VLLM_PAIRS}}
         emu = emulator_runs("bf16", chunks, specs, ns.top_k)
-        real, resolved = vllm_runs(chunks, ns.top_k, work)
+        real, resolved = vllm_runs(chunks, ns.top_k, work, skip)
         rows += compare(real, emu, "auto", VLLM_PAIRS, "vLLM-CPU", ns.seed)
         aa += real_pairs(real, "vLLM-CPU")
     if "llamacpp" in engines:
@@ -385,12 +408,12 @@ def main(argv: list[str] | None = None) -> None:
         specs = {"plain": None, **{name: ({**raw, **CONSTANT_1} if raw["format"] == "nvfp4" else raw)
                                    for _, name, raw in LLAMACPP_PAIRS}}
         emu = emulator_runs("gguf", lchunks, specs, ns.top_k)
-        real = llamacpp_runs(lchunks, ns.top_k, work)
+        real = llamacpp_runs(lchunks, ns.top_k, work, skip)
         rows += compare(real, emu, LLAMACPP_BASE, LLAMACPP_PAIRS, "llama.cpp", ns.seed)
         aa += real_pairs(real, "llama.cpp")
     result = {"engines": sorted(engines), "chunks": ns.chunks, "max_tokens": ns.max_tokens, "top_k": ns.top_k,
               "seed": ns.seed, "llamacpp_chunks": ns.llamacpp_chunks, "llamacpp_tokens": ns.llamacpp_tokens,
-              "vllm_resolved_cache_dtype": resolved, "wall_seconds": round(time.time() - t0, 1), "pairs": rows,
+              "skipped_arms": sorted(skip), "vllm_resolved_cache_dtype": resolved, "wall_seconds": round(time.time() - t0, 1), "pairs": rows,
               "real_pairs": aa}
     from quant.fileio import atomic_write_text
 
@@ -409,9 +432,11 @@ def write_table(out: Path) -> str:
         rows += r["pairs"]
         aa += r.get("real_pairs", [])
         n = {p["engine"]: p["real_stats"]["tokens"] for p in r["pairs"]}
+        lc = f" (llama.cpp: the first {r['llamacpp_chunks']} x {r['llamacpp_tokens']})" if "llamacpp" in r["engines"] else ""
         parts.append(f"- `{path.name}`: engines {', '.join(r['engines'])}, {r['chunks']} chunks x <= {r['max_tokens']} "
-                     f"tokens (llama.cpp: the first {r['llamacpp_chunks']} x {r['llamacpp_tokens']}), scored tokens "
-                     f"{n}, seed {r['seed']}, top-{r['top_k']}, {r['wall_seconds']:.0f} s; vLLM cache dtypes: "
+                     f"tokens{lc}, scored tokens "
+                     f"{n}, seed {r['seed']}, top-{r['top_k']}, {r['wall_seconds']:.0f} s; real arms not run: "
+                     f"{', '.join(r.get('skipped_arms', [])) or 'none'}; vLLM cache dtypes: "
                      f"{r['vllm_resolved_cache_dtype'] or '-'}")
     md = ("# KV-cache emulator fidelity\n\n`benchmarks/kv_fidelity.py`; KL(plain || quantized) over the baseline's "
           "top-k + tail, nats/token, 95% CI clustered by chunk; ratio = emulated / real mean KL on the same tokens, "

@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-FLUSH = {"e4m3": 2.0**-6, "e5m2": 2.0**-14}  # quant.kv_profiles.AMX_FLUSH_BELOW
 
 
 def worker(job: Path, result: Path) -> None:
@@ -30,7 +29,6 @@ def worker(job: Path, result: Path) -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     sys.path.insert(0, str(REPO))
-    from quant import fp8
 
     spec = json.loads(job.read_text())
     torch._C._cpu._init_amx()  # vLLM's AMX kernel needs the tile permission oneDNN would request
@@ -46,10 +44,19 @@ def worker(job: Path, result: Path) -> None:
     with torch.no_grad():
         model(torch.tensor([spec["tokens"]]))
 
-    def grid(x: torch.Tensor, kind: str) -> torch.Tensor:
-        """x on the FP8 grid the way vLLM-CPU writes it (truncated, scale 1.0), float32."""
-        one = torch.ones((), dtype=torch.float32)
-        return fp8.dequantize(fp8.quantize(x.float(), one, kind, "toward_zero"), one)
+    from quant.kv_profiles import AMX_FLUSH_BELOW, amx_fp8_attention, profile_format
+
+    one = torch.ones((), dtype=torch.float32)
+
+    def stored(x: torch.Tensor, fmt) -> torch.Tensor:
+        """x [T, Hkv, D] through a KV format's quantize / dequantize at scale 1.0, float32."""
+        return fmt.dequantize(fmt.quantize(x.float(), one), torch.float32)
+
+    def profile(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bound: float) -> torch.Tensor:
+        """The vllm-cpu profile's attention (the quant code the emulator runs) over [T, H(kv), D] tensors."""
+        out = amx_fp8_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None,
+                                1 / math.sqrt(q.shape[-1]), bound)
+        return out[0].float()
 
     rows: dict[str, list[float]] = {}
     for q, k, v in caps:
@@ -60,13 +67,14 @@ def worker(job: Path, result: Path) -> None:
             if kind is None:
                 cases["emulated: bf16 P"] = (out, emulate(q, k.float(), v.float(), 0.0, "final"))
             else:
-                b = FLUSH[kind]
-                kg, vg = grid(k, kind), grid(v, kind)
-                one = torch.ones((), dtype=torch.float32)
-                kn, vn = (fp8.dequantize(fp8.quantize(x.float(), one, kind), one) for x in (k, v))
+                b = AMX_FLUSH_BELOW[kind]
+                kg, vg = (stored(x, profile_format("vllm-cpu", dtype)) for x in (k, v))  # truncated, subnormals 0
+                kn, vn = (stored(x, profile_format(None, dtype)) for x in (k, v))
                 cases["no profile: round-to-nearest FP8, plain attention"] = (out, emulate(q, kn, vn, 0.0, "final"))
-                cases["vllm-cpu profile: truncation, subnormals 0, final P.V flushed"] = (out, emulate(q, kg, vg, b, "final"))
-                cases["+ every P*V product below the bound flushed"] = (out, emulate(q, kg, vg, b, "product"))
+                cases["earlier model: truncation, subnormals 0, only the final Q.K and P.V flushed"] = (
+                    out, emulate(q, kg, vg, b, "final"))
+                cases["vllm-cpu profile: truncation, subnormals 0, AMX even/odd sums per 32-wide tile"] = (
+                    out, profile(q, kg, vg, b))
                 on_grid = (kg.to(torch.bfloat16), vg.to(torch.bfloat16))
                 cases["fp8 kernel vs bf16 kernel on the same FP8 values"] = (kernel(q, *on_grid, dtype), kernel(q, *on_grid, "auto"))
             for name, (ref, got) in cases.items():
@@ -98,8 +106,8 @@ def kernel(q, k, v, dtype: str, block: int = 128):
 
 
 def emulate(q, k, v, bound: float, flush: str):
-    """Causal attention over k/v [T, Hkv, D] float32: 'exact' (float32 P), else bf16 P with inputs and raw
-    Q.K below `bound` zeroed and P.V flushed at the end ('final') or per product ('product')."""
+    """Plain causal attention over k/v [T, Hkv, D] float32, the references: 'exact' (float32 P), else
+    ('final') bf16 P with inputs, raw Q.K and the final P.V below `bound` zeroed."""
     import torch
 
     t, h, d = q.shape
@@ -112,11 +120,7 @@ def emulate(q, k, v, bound: float, flush: str):
     s = (raw / math.sqrt(d)).masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
     e = torch.exp(s - s.amax(-1, keepdim=True))
     p = e if flush == "exact" else e.to(torch.bfloat16).float()
-    if flush == "product":
-        prod = p[..., :, None] * vv[:, None, :, :]  # [H, T, S, D]
-        o = torch.where(prod.abs() < bound, 0.0, prod).sum(-2)
-    else:
-        o = p @ vv
+    o = p @ vv
     o = torch.where(o.abs() < bound, 0.0, o)
     return (o / e.sum(-1, keepdim=True)).transpose(0, 1)
 

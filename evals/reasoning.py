@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from evals.tasks.base import DEFAULT_THINK_TAGS
+from evals.tasks.base import DEFAULT_THINK_TAGS, WithThinkTags
 
 # What lm-eval's filters leave when they find no answer: regex filters' fallback "[invalid]",
 # minerva math's "[invalidanswer]"; an empty string or None is no answer either.
@@ -47,7 +47,7 @@ class Split:
 def think_tags(task: object) -> ThinkTags | None:
     """A task's reasoning delimiters: its `think_tags` attribute (DEFAULT_THINK_TAGS when it has
     none; None: the task turned the split off)."""
-    tags = getattr(task, "think_tags", DEFAULT_THINK_TAGS)
+    tags = task.think_tags if isinstance(task, WithThinkTags) else DEFAULT_THINK_TAGS
     return None if tags is None else (str(tags[0]), str(tags[1]))
 
 

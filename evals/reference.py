@@ -1,5 +1,5 @@
 """The reference-answer signal of one chunk of samples: each sample's reference answer (the task's
-`reference(item)`, see evals.tasks.base.REFERENCE) teacher-forced after the prompt the task sent for
+`reference(item)`, see evals.tasks.base.WithReference) teacher-forced after the prompt the task sent for
 it, in one `token_logprobs` call; the runner stores the result in SampleRecord.reference_logprobs.
 
 The context is the prompt as sent (a generation prompt or a log-likelihood context, chat-rendered
@@ -14,13 +14,13 @@ never fails the sample.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from evals.engines import base
 from evals.engines.base import Engine, TokenLogprobsRequest
 from evals.errors import EvalError
 from evals.records import TokenLogprobs
-from evals.tasks.base import REFERENCE, REFERENCE_CONTEXT, Item, Request, Task
+from evals.tasks.base import Item, Request, Task, WithReference, WithReferenceContext
 
 log = logging.getLogger(__name__)
 
@@ -32,15 +32,14 @@ ReferenceResult = TokenLogprobs | base.Failure
 
 def has_reference(task: Task) -> bool:
     """Whether the task defines a reference answer (its `reference` method)."""
-    return callable(getattr(task, REFERENCE, None))
+    return isinstance(task, WithReference)
 
 
 def request_context(task: Task, item: Item, request: Request) -> str:
     """The prompt the reference follows: the task's `reference_context`, else the request's own prompt
     (a generation's rendered prompt, a log-likelihood request's context)."""
-    own: Callable[[Item, Request], str] | None = getattr(task, REFERENCE_CONTEXT, None)
-    if own is not None:
-        return own(item, request)
+    if isinstance(task, WithReferenceContext):
+        return task.reference_context(item, request)
     if isinstance(request, base.GenerateRequest):
         return request.prompt
     if isinstance(request, base.LoglikelihoodRequest):
@@ -50,7 +49,9 @@ def request_context(task: Task, item: Item, request: Request) -> str:
 
 def reference_request(task: Task, item: Item, request: Request) -> TokenLogprobsRequest | None:
     """The teacher-forced request for one sample's reference (None: the item has none)."""
-    text = getattr(task, REFERENCE)(item)
+    if not isinstance(task, WithReference):
+        raise EvalError(f"task {task.name!r} has no reference answer")
+    text = task.reference(item)
     if not text:
         return None
     return TokenLogprobsRequest(text=text, top_k=REFERENCE_TOP_K, max_tokens=REFERENCE_MAX_TOKENS,

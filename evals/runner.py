@@ -46,7 +46,7 @@ from evals.records import (
 )
 from evals.reference import ReferenceResult, chunk_references, has_reference, record_fields
 from evals.sampling import sample_seed, select_items
-from evals.tasks.base import REPEAT_SCORER, Item, Request, Result, Task
+from evals.tasks.base import Item, RepeatScored, Request, Result, Task
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +201,7 @@ def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure
     target: str | None = None
     if error is None and result is not None:
         try:
-            by_repeat = getattr(task, REPEAT_SCORER, None)  # a task whose prompt depends on the repeat
-            scored = (by_repeat(sample.item, result, sample.repeat) if by_repeat is not None
+            scored = (task.score_repeat(sample.item, result, sample.repeat) if isinstance(task, RepeatScored)
                       else task.score(sample.item, result))  # type: ignore[arg-type]
             scores, extracted, target = dict(scored.scores), dict(scored.extracted), scored.target
             meta.update(scored.meta)

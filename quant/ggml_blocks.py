@@ -1,4 +1,5 @@
-"""llama.cpp's (ggml's) KV-cache block formats q8_0 and q4_0, and its Hadamard rotation of K, V and Q.
+"""llama.cpp's (ggml's) KV-cache block formats q8_0 and q4_0, its Hadamard rotation of K, V and Q, and
+the q8 rounding of its CPU matmuls' activations.
 
 Reference formulas (ggml/src/ggml-quants.c, `quantize_row_q8_0_ref`, `quantize_row_q4_0_ref`):
 - q8_0: blocks of 32 along head_dim; d = amax / 127 (float32), q = round(x / d) half away from zero
@@ -6,8 +7,13 @@ Reference formulas (ggml/src/ggml-quants.c, `quantize_row_q8_0_ref`, `quantize_r
 - q4_0: blocks of 32; m = the element of largest magnitude (signed), d = m / -8, q = min(15,
   trunc(x / d + 8.5)), stored as nibbles (element j low, j + 16 high) with fp16(d); value = (q - 8) * fp16(d).
   The code grid is -8..7 times d, so the block's largest-magnitude element lands on -8 * d exactly.
-ggml's CPU write path runs the SIMD twins of these (q8_0 there rounds ties to even; ties are
-measure-zero for real K/V). llama.cpp rotates K, V and Q by a normalized Walsh-Hadamard matrix over
+What the CPU backend runs (read in llama.cpp's ggml-cpu): the cache write (ggml_set_rows, type_traits_cpu
+from_float) quantizes f32 K/V with `quantize_row_q4_0` = `quantize_row_q4_0_ref` (ggml-cpu/quants.c), so
+q4_0 here is bit-exact with it (and with gguf's numpy quantizer); q8_0 K/V and flash attention's Q for a
+quantized K (q_to_vec_dot) go through `quantize_row_q8_0`, on x86 the AVX/AVX2 one (arch/x86/quants.c):
+x * (127 / amax) instead of x * (1 / (amax / 127)) and `_mm256_round_ps` (ties to even) instead of roundf.
+`quantize_q8_0` does that by default; simd=False is the reference (bit-exact with gguf's quantizer).
+llama.cpp rotates K, V and Q by a normalized Walsh-Hadamard matrix over
 head_dim before a quantized cache stores them (`LLAMA_ATTN_ROT_DISABLE=1` turns it off); attention
 then runs in the rotated basis, so the emulator stores H x and hands back H^T dequant(H x).
 """
@@ -46,13 +52,19 @@ def _inverse(d: torch.Tensor) -> torch.Tensor:
     return torch.where(d != 0, 1.0 / torch.where(d != 0, d, 1.0), 0.0)
 
 
-def quantize_q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes [..., D], fp16 block scales [..., D / 32]) of x [..., D]."""
+def quantize_q8_0(x: torch.Tensor, simd: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes [..., D], fp16 block scales [..., D / 32]) of x [..., D]: x86 SIMD rounding, or the reference's."""
     b = _blocks(x)
-    d = b.abs().amax(dim=-1, keepdim=True) / Q8_0_QMAX  # [..., D/32, 1] float32
-    y = b * _inverse(d)
-    q = (torch.sign(y) * torch.floor(y.abs() + 0.5)).to(torch.int8)  # roundf: half away from zero
-    return q.reshape(x.shape), d.squeeze(-1).to(torch.float16)
+    amax = b.abs().amax(dim=-1, keepdim=True)  # [..., D/32, 1] float32
+    d = amax / Q8_0_QMAX
+    if simd:  # x86 quantize_row_q8_0: x * (127 / amax), rounded to nearest, ties to even
+        # a float32 division (a python scalar / tensor would be 127 * (1 / amax), rounded twice)
+        inv = torch.full_like(amax, Q8_0_QMAX) / torch.where(amax != 0, amax, 1.0)
+        q = torch.round(b * torch.where(amax != 0, inv, 0.0))
+    else:  # quantize_row_q8_0_ref: x * (1 / d), roundf (half away from zero)
+        y = b * _inverse(d)
+        q = torch.sign(y) * torch.floor(y.abs() + 0.5)
+    return q.to(torch.int8).reshape(x.shape), d.squeeze(-1).to(torch.float16)
 
 
 def quantize_q4_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +96,18 @@ def round_q8_0(x: torch.Tensor) -> torch.Tensor:
     """x [..., D] rounded through q8_0 (what ggml's CPU flash attention does to Q for a quantized K)."""
     codes, scales = quantize_q8_0(x)
     return dequantize_q8_0(codes, scales, x.dtype)
+
+
+def round_matmul_inputs(model: torch.nn.Module) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hooks rounding every nn.Linear input through q8_0 blocks, as ggml's CPU matmul does for q4/q8 weights."""
+
+    # ggml-cpu mul_mat converts f32 activations to the weight type's vec_dot_type before the dot products:
+    # q8_1 for Q4_1, q8_0 for Q4_0 / Q8_0 weights, the same blocks of 32 and x86 rounding (q8_1's extra
+    # fp16 block sum, used for Q4_1's offset term, is not modelled)
+    def hook(module: torch.nn.Module, args: tuple) -> tuple:
+        return (round_q8_0(args[0]), *args[1:])
+
+    return [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
 
 
 _HADAMARD: dict[tuple[int, torch.device], torch.Tensor] = {}

@@ -8,9 +8,11 @@ engine itself (benchmarks/kv_fidelity.py, docs/kv_profiles.md):
   write computes x * (1 / k_scale) and *truncates* the float32 bits to E4M3 / E5M2 (round toward zero),
   k_scale 1.0 unless calibrated. Attention dequantizes FP8 to bf16 by moving the bits only (an exponent
   bias off by 2^120 for E4M3, 2^112 for E5M2) and corrects the scale after the AMX dot products; AMX
-  treats bf16 subnormal inputs as zero and flushes subnormal float32 results, so FP8 subnormal codes
-  read as 0, and raw Q.K and (unnormalized) P.V below 2^-6 (E4M3) or 2^-14 (E5M2), in scale units,
-  become 0. Queries stay bf16; prefill writes the cache first and attends to what it stored.
+  treats bf16 subnormal inputs as zero and flushes subnormal float32 partial sums, so FP8 subnormal
+  codes read as 0, and every partial sum of Q.K and (unnormalized) P.V below 2^-6 (E4M3) or 2^-14
+  (E5M2), in scale units, becomes 0, in the order TDPBF16PS sums (`amx_bf16_matmul`: per 32-wide k
+  tile an even and an odd running sum). Queries stay bf16; prefill writes the cache first and attends
+  to what it stored.
 - `llamacpp`: llama.cpp's CPU backend with flash attention. q8_0 / q4_0 blocks of 32 with an fp16
   scale, nvfp4 as ggml's block-local NVFP4 (per-16 E4M3 scales, no tensor scale: decode scale 1.0);
   K, V and Q rotated by a Walsh-Hadamard matrix first; Q rounded to q8_0 (the vec-dot type of a
@@ -130,6 +132,80 @@ class RotatedFormat(WrappedFormat):
 # the float32 results AMX flushes, in FP8 value units: 2^-126 (float32's smallest normal) times the
 # rebias 2^120 (E4M3) or 2^112 (E5M2); the same bound is each FP8's smallest normal
 AMX_FLUSH_BELOW: dict[str, float] = {"e4m3": 2.0**-6, "e5m2": 2.0**-14}
+AMX_TILE_K = 32  # bf16 elements along k in one AMX tile row: the span of one TDPBF16PS k step
+AMX_ROW_BLOCK = 32  # output rows computed together (memory only: the result does not depend on it)
+
+
+def _flush(x: torch.Tensor, bound: float) -> torch.Tensor:
+    """x with every element of magnitude below `bound` set to 0, in place."""
+    return x.masked_fill_(x.abs() < bound, 0.0)
+
+
+def amx_bf16_matmul(a: torch.Tensor, b_t: torch.Tensor, bound: float) -> torch.Tensor:
+    """a [..., M, K] @ b_t[..., N, K]^T in float32 as TDPBF16PS sums it, with results below `bound` flushed.
+
+    Measured on vLLM-CPU's AMX FP8 attention (benchmarks/kv_kernel_probe.py): per output element and
+    32-wide k tile, the even and the odd k positions are two separate running sums, each started at 0 and
+    flushed to 0 whenever it is below the bound (so a tile's small products before its first large one
+    are lost); each tile's two sums are added and flushed, then added to the accumulator in tile order,
+    flushed the same way.
+    """
+    k = a.shape[-1]
+    pad = (-k) % AMX_TILE_K
+    if pad:
+        a, b_t = (torch.nn.functional.pad(x, (0, pad)) for x in (a, b_t))
+    tiles = a.shape[-1] // AMX_TILE_K
+    # [AMX_TILE_K, ..., rows, tiles]: element j of every tile
+    a_j = a.to(torch.float32).unflatten(-1, (tiles, AMX_TILE_K)).movedim(-1, 0)
+    b_j = b_t.to(torch.float32).unflatten(-1, (tiles, AMX_TILE_K)).movedim(-1, 0).unsqueeze(-3)
+    out = []
+    for r0 in range(0, a.shape[-2], AMX_ROW_BLOCK):
+        rows = a_j[..., r0:r0 + AMX_ROW_BLOCK, :].unsqueeze(-2)  # [K, ..., m, 1, tiles]
+        sums = torch.zeros(())
+        for parity in (0, 1):
+            acc = torch.zeros(())
+            for j in range(parity, AMX_TILE_K, 2):
+                acc = _flush(acc + rows[j] * b_j[j], bound)  # [..., m, N, tiles]
+            sums = sums + acc
+        sums = _flush(sums, bound)  # the tile's even + odd sums, flushed before they reach the accumulator
+        c = torch.zeros_like(sums[..., 0])
+        for t in range(tiles):
+            c = _flush(c + sums[..., t], bound)
+        out.append(c)
+    return torch.cat(out, dim=-2)
+
+
+def amx_fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float, bound: float) -> torch.Tensor:
+    """vLLM-CPU's AMX-BF16 FP8 attention: Q [B, H, n, D], stored K/V [B, Hkv, S, D] -> [B, n, H, D].
+
+    Q.K and the unnormalized P.V summed by `amx_bf16_matmul` (bound: the flush bound times the k/v
+    scale, in model units), softmax with the row max subtracted, P in bf16, divided by the sum at the end.
+    """
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1).to(torch.float32)  # [B, H, S, D]
+    v_t = value.repeat_interleave(groups, dim=1).to(torch.float32).transpose(-1, -2)  # [B, H, D, S]
+    n, total = query.shape[-2], key.shape[-2]
+    if attention_mask is None:  # causal over the newest n positions
+        allowed = torch.ones(n, total, dtype=torch.bool, device=query.device).tril(total - n)
+    elif attention_mask.dtype == torch.bool:
+        allowed = attention_mask[..., :total]
+    else:
+        allowed = attention_mask[..., :total] > float("-inf")
+    out = []
+    for r0 in range(0, n, AMX_ROW_BLOCK):
+        r1 = min(n, r0 + AMX_ROW_BLOCK)
+        ok = allowed[..., r0:r1, :]
+        cols = int(ok.reshape(-1, total).any(0).nonzero().max()) + 1 if bool(ok.any()) else 1
+        raw = amx_bf16_matmul(query[..., r0:r1, :], k[..., :cols, :], bound)  # [B, H, m, cols]
+        s = raw * scaling
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            s = s + attention_mask[..., r0:r1, :cols]
+        s = s.masked_fill(~ok[..., :cols], float("-inf"))
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True))  # unnormalized probabilities, max 1
+        o = amx_bf16_matmul(e.to(torch.bfloat16), v_t[..., :cols], bound)  # [B, H, m, D]
+        out.append(o / e.sum(dim=-1, keepdim=True))
+    return torch.cat(out, dim=-2).to(query.dtype).transpose(1, 2).contiguous()
 
 
 @dataclass(frozen=True)

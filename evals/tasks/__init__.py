@@ -13,7 +13,7 @@ import importlib
 
 from evals.chat import chat_template
 from evals.errors import EvalError
-from evals.tasks.base import REFERENCE, Task, TaskOptions
+from evals.tasks.base import Task, TaskOptions, WithReference
 from quant.validation import did_you_mean
 
 TASKS: dict[str, str] = {
@@ -93,7 +93,7 @@ def get_task(name: str, options: TaskOptions | None = None, model: str | None = 
             raise EvalError(f"task {name!r}: chat = true needs the model whose chat template renders the prompt")
         template = chat_template(model)
     task = module.build(name, options, template)
-    if not options.reference_signal and not callable(getattr(task, REFERENCE, None)):
+    if not options.reference_signal and not isinstance(task, WithReference):
         raise EvalError(f"{name}: reference_signal = false is not read (the task has no reference answer); "
                         "leave it unset")
     return task

@@ -99,16 +99,44 @@ class Task(Protocol):
         ...
 
 
-# A task whose prompt depends on the repeat (GPQA model-card style: choices shuffled per repeat) also
-# has `score_repeat(item, result, repeat) -> Scored`, which the runner calls instead of `score`.
-REPEAT_SCORER = "score_repeat"
+# Optional capabilities: a task has them when it defines the member (checked with isinstance).
 
-# A task with a reference answer (GSM8K's worked solution, the gold choice, MATH-500's solution, the
-# needle's value) also has `reference(item) -> str | None`: the continuation teacher-forced after the
-# prompt the task sends for the item (the generation prompt or the log-likelihood context, rendered as
-# it is sent), as a log-likelihood continuation is written (target delimiter included). A task whose
-# reference follows another context (WinoGrande: the gold option's context) also has
-# `reference_context(item, request) -> str`. The runner stores the result in
-# SampleRecord.reference_logprobs (token ids and log-probs only, never the text: GPQA's stays unseen).
-REFERENCE = "reference"
-REFERENCE_CONTEXT = "reference_context"
+
+@runtime_checkable
+class RepeatScored(Protocol):
+    """A task whose prompt depends on the repeat (GPQA model-card style: choices shuffled per repeat): the
+    runner calls `score_repeat` instead of `score`."""
+
+    def score_repeat(self, item: Item, result: Result, repeat: int) -> Scored:
+        """Score one finished sample of repeat `repeat`."""
+        ...
+
+
+@runtime_checkable
+class WithReference(Protocol):
+    """A task with a reference answer (GSM8K's worked solution, the gold choice, MATH-500's solution, the
+    needle's value): the continuation teacher-forced after the prompt the task sends for the item (the
+    generation prompt or the log-likelihood context, rendered as it is sent), written as a log-likelihood
+    continuation is (target delimiter included). The runner stores the result in
+    SampleRecord.reference_logprobs (token ids and log-probs only, never the text: GPQA's stays unseen)."""
+
+    def reference(self, item: Item) -> str | None:
+        """The item's reference continuation (None or "": the item has none)."""
+        ...
+
+
+@runtime_checkable
+class WithReferenceContext(Protocol):
+    """A task whose reference follows another context than the request's prompt (WinoGrande: the gold
+    option's context)."""
+
+    def reference_context(self, item: Item, request: Request) -> str:
+        """The prompt the item's reference follows."""
+        ...
+
+
+@runtime_checkable
+class WithThinkTags(Protocol):
+    """A task that names its reasoning delimiters (None: no reasoning split)."""
+
+    think_tags: tuple[str, str] | None

@@ -28,7 +28,6 @@ Exit codes: 0 pass, 1 fail, 3 inconclusive (2 is a usage or input error, raised 
 from __future__ import annotations
 
 from scipy import stats as sps
-from statsmodels.stats.multitest import multipletests
 
 from qa.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
 from qa.errors import PolicyError
@@ -36,6 +35,7 @@ from qa.gate.cache_path import with_cache_path
 from qa.gate.reference import with_reference
 from qa.gate.verdict import RuleResult, Status, TaskVerdict, Verdict
 from qa.policy import AUTO_METRICS, Policy, TaskPolicy
+from qa.stats.estimate import holm
 from qa.stats.intervals import delta_interval, p_below
 from qa.stats.power import items_needed, mde, repeats_needed
 from qa.textfmt import ci_text, percent, pts
@@ -285,7 +285,7 @@ def _with_holm(verdicts: list[TaskVerdict]) -> list[TaskVerdict]:
     use = [i for i, v in enumerate(verdicts) if v.p_worse is not None and v.kind not in ("no_information", "missing")]
     if not use:
         return verdicts
-    adjusted = multipletests([verdicts[i].p_worse for i in use], method="holm")[1]
+    adjusted = holm([verdicts[i].p_worse for i in use])  # type: ignore[misc]
     out = list(verdicts)
     for i, p in zip(use, adjusted, strict=True):
         out[i] = out[i].model_copy(update={"p_worse_holm": float(p)})

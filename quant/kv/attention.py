@@ -3,10 +3,10 @@ attention kernel does beyond reading the cache.
 
 The emulated cache only sees K and V. Engines that also round the query (llama.cpp: Q to q8_0 in the
 Hadamard basis for a quantized K; FlashInfer's NVFP4 path: Q in FP8 E4M3), or whose kernel flushes
-small results (vLLM-CPU's AMX-BF16 FP8 path: raw Q.K and unnormalized P.V below the flush bound become
-0), need the attention call itself: `profile_attention(spec)` registers, once per setting, an attention
-implementation that does so; set it with `model.set_attn_implementation(name)`. None when the spec's
-profile needs nothing beyond the cache.
+small partial sums (vLLM-CPU's AMX-BF16 FP8 path: partial sums of Q.K and unnormalized P.V below the flush
+bound become 0, quant.kv_profiles.amx_fp8_attention), need the attention call itself:
+`profile_attention(spec)` registers, once per setting, an attention implementation that does so; set it
+with `model.set_attn_implementation(name)`. None when the spec's profile needs nothing beyond the cache.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from quant.formats import FP8Format
-from quant.kv_profiles import AMX_FLUSH_BELOW, get_profile, round_query
+from quant.kv_profiles import AMX_FLUSH_BELOW, amx_fp8_attention, get_profile, round_query
 from quant.kv_spec import KVQuantSpec
 
 ATTENTION_PREFIX = "qa_kv_profile_"  # registered name: prefix + profile name (dashes as underscores)
@@ -62,30 +62,14 @@ def profile_attention(spec: KVQuantSpec) -> str | None:
 
 
 def _flushing_attention(bound: float) -> Any:
-    """Attention as vLLM-CPU's AMX-BF16 FP8 kernel computes it: raw Q.K and unnormalized P.V with magnitude
-    below `bound` (the flush bound times the k/v scale, in model units) are 0; P enters P.V in bf16."""
+    """Attention as vLLM-CPU's AMX-BF16 FP8 kernel computes it (quant.kv_profiles.amx_fp8_attention), with
+    `bound` the flush bound times the k/v scale, in model units."""
 
     def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                   **kwargs: Any) -> tuple[torch.Tensor, None]:
         """Q [B, H, n, D], K/V [B, Hkv, S, D] -> output [B, n, H, D]."""
-        groups = query.shape[1] // key.shape[1]
-        k = key.repeat_interleave(groups, dim=1).to(torch.float32)  # [B, H, S, D]
-        v = value.repeat_interleave(groups, dim=1).to(torch.float32)
-        raw = query.to(torch.float32) @ k.transpose(-1, -2)  # [B, H, n, S]
-        raw = torch.where(raw.abs() < bound, 0.0, raw)
-        s = raw * (scaling if scaling is not None else query.shape[-1] ** -0.5)
-        n, total = s.shape[-2], s.shape[-1]
-        if attention_mask is None:  # causal over the newest n positions
-            keep = torch.ones(n, total, dtype=torch.bool, device=s.device).tril(total - n)
-            s = s.masked_fill(~keep, float("-inf"))
-        elif attention_mask.dtype == torch.bool:
-            s = s.masked_fill(~attention_mask[..., :total], float("-inf"))
-        else:
-            s = s + attention_mask[..., :total]
-        e = torch.exp(s - s.amax(dim=-1, keepdim=True))  # unnormalized probabilities, max 1
-        o = e.to(torch.bfloat16).to(torch.float32) @ v  # [B, H, n, D]
-        o = torch.where(o.abs() < bound, 0.0, o) / e.sum(dim=-1, keepdim=True)
-        return o.to(query.dtype).transpose(1, 2).contiguous(), None
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return amx_fp8_attention(query, key, value, attention_mask, scale, bound), None
 
     return attention

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -17,6 +18,7 @@ from quant.ggml_blocks import (
     quantize_q4_0,
     quantize_q8_0,
     rotate,
+    round_matmul_inputs,
     round_q8_0,
 )
 
@@ -51,7 +53,7 @@ def _q4_0_block(block: list[float]) -> tuple[list[int], float]:
 
 def test_q8_0_matches_the_reference_formula_block_by_block():
     x = _x((3, 64))
-    codes, scales = quantize_q8_0(x)
+    codes, scales = quantize_q8_0(x, simd=False)
     for r in range(3):
         for b in range(2):
             want_codes, want_d = _q8_0_block(x[r, 32 * b: 32 * (b + 1)].tolist())
@@ -124,3 +126,84 @@ def test_round_q8_0_is_quantize_then_dequantize():
     x = _x((2, 32), seed=4)
     codes, scales = quantize_q8_0(x)
     assert torch.equal(round_q8_0(x), dequantize_q8_0(codes, scales))
+
+
+def _ggml_bytes(kind: str, x: np.ndarray, simd: bool = False) -> np.ndarray:
+    """Our blocks of x [N, D] laid out as ggml stores them: per block fp16 d, then the 32 codes (q8_0) or 16 nibble bytes."""
+    t = torch.from_numpy(x)
+    codes, scales = quantize_q8_0(t, simd=simd) if kind == "q8_0" else quantize_q4_0(t)
+    n = x.size // 32
+    d = scales.numpy().reshape(n, 1).view(np.uint8)
+    return np.concatenate([d, codes.numpy().reshape(n, -1).view(np.uint8)], axis=1).reshape(x.shape[0], -1)
+
+
+def _kv_like_and_edge_rows() -> np.ndarray:
+    """K/V-like rows of 64 (normal, scaled, heavy-tailed, outlier channels, bf16-valued) and edge-case blocks."""
+    rng = np.random.default_rng(0)
+    outliers = rng.standard_normal((64, 64))
+    outliers[:, [3, 40]] *= 30
+    edge = np.zeros((6, 64))
+    edge[1, 5], edge[1, 7] = -2.0, 1.0  # largest magnitude negative
+    edge[2, :32] = np.linspace(-1, 1, 32)  # -1 and 1 tie in magnitude: the first one sets d
+    edge[3, :32], edge[3, 32:] = 1.0, -1.0  # all equal
+    edge[4, :32] = (np.arange(32) - 16) * 0.25 + 0.125  # points halfway between q4_0 codes
+    edge[5, :32] = 1e-30 * np.arange(32)  # tiny (row 0 stays all zero)
+    bf16 = torch.from_numpy(rng.standard_normal((64, 64)).astype(np.float32)).bfloat16().float().numpy()
+    rows = (rng.standard_normal((64, 64)), 37 * rng.standard_normal((64, 64)), rng.standard_t(3, (64, 64)),
+            rng.standard_cauchy((64, 64)), outliers, bf16, edge)
+    return np.ascontiguousarray(np.concatenate(rows), dtype=np.float32)
+
+
+@pytest.mark.parametrize(("kind", "qtype"), [("q4_0", gguf.GGMLQuantizationType.Q4_0),
+                                             ("q8_0", gguf.GGMLQuantizationType.Q8_0)])
+def test_q4_0_and_reference_q8_0_are_bit_exact_with_gguf(kind, qtype):
+    x = _kv_like_and_edge_rows()
+    want = gguf.quants.quantize(x, qtype)
+    assert np.array_equal(_ggml_bytes(kind, x), want)
+    t = torch.from_numpy(x)
+    values = dequantize_q8_0(*quantize_q8_0(t, simd=False)) if kind == "q8_0" else dequantize_q4_0(*quantize_q4_0(t))
+    assert np.array_equal(values.numpy(), gguf.quants.dequantize(want, qtype))
+
+
+def test_q8_0_rounds_as_the_x86_kernel_does_by_default():
+    # x86 quantize_row_q8_0: x * (127 / amax) rounded half to even; the reference: x * (1 / (amax / 127)), roundf
+    tie = np.zeros((1, 32), np.float32)
+    tie[0, :4] = [127.0, 2.5, -2.5, 3.5]  # exact ties (id = 1): even vs away from zero
+    inv = np.zeros((1, 32), np.float32)
+    inv[0, 0], inv[0, 1] = float.fromhex("0x1.6a1f3ap+1"), float.fromhex("0x1.39a622p-1")
+    # x * (127 / amax) = 27.499998 but x * (1 / (amax / 127)) = 27.500002 in float32
+    div = np.zeros((1, 32), np.float32)
+    div[0, 0], div[0, 1] = float.fromhex("0x1.2f4ba4p+1"), float.fromhex("-0x1.5a4842p+0")
+    # 127 / amax divided in float32: x * it = -72.500008; 127 * (1 / amax) would give -72.5, rounded to -72
+    cases = ((tie, [127, 2, -2, 4], [127, 3, -3, 4]), (inv, [127, 27], [127, 28]), (div, [127, -73], [127, -73]))
+    for x, simd_codes, ref_codes in cases:
+        n = len(simd_codes)
+        assert quantize_q8_0(torch.from_numpy(x))[0][0, :n].tolist() == simd_codes
+        assert quantize_q8_0(torch.from_numpy(x), simd=False)[0][0, :n].tolist() == ref_codes
+        ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)[0, 2:2 + n].view(np.int8)
+        assert ref.tolist() == ref_codes  # gguf's quantizer is the reference
+        fmt = GGML_FORMATS["q8_0"]
+        assert fmt.quantize(torch.from_numpy(x)).data["codes"][0, :n].tolist() == simd_codes  # the cache write
+        d = float(quantize_q8_0(torch.from_numpy(x))[1][0, 0])
+        assert round_q8_0(torch.from_numpy(x))[0, :n].tolist() == [c * d for c in simd_codes]  # Q
+    # on K/V-like float32 rows the two differ rarely, by one code, with the same scales
+    x = _kv_like_and_edge_rows()
+    simd, ref = quantize_q8_0(torch.from_numpy(x)), quantize_q8_0(torch.from_numpy(x), simd=False)
+    assert torch.equal(simd[1], ref[1])
+    diff = (simd[0].int() - ref[0].int()).abs()
+    assert int(diff.max()) <= 1 and float((diff > 0).float().mean()) < 1e-2
+
+
+def test_round_matmul_inputs_rounds_every_linear_input_until_removed():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32, bias=False))
+    x = _x((3, 64), seed=5)
+    plain = model(x)
+    handles = round_matmul_inputs(model)
+    assert len(handles) == 2
+    first = torch.nn.functional.linear(round_q8_0(x), model[0].weight, model[0].bias)
+    want = torch.nn.functional.linear(round_q8_0(torch.relu(first)), model[2].weight)
+    assert torch.equal(model(x), want) and not torch.equal(want, plain)
+    for h in handles:
+        h.remove()
+    assert torch.equal(model(x), plain)

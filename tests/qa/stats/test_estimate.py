@@ -13,7 +13,7 @@ from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import ttost_paired
 
 from qa.pairing import pair_records
-from qa.stats.estimate import adjust_multiplicity, excess_flips
+from qa.stats.estimate import adjust_multiplicity, excess_flips, holm
 from qa.stats.intervals import p_above, p_below
 from qa.stats.paired_tests import tango_interval, tango_statistic
 from tests.qa.stats_fixtures import continuous, est_of, recs
@@ -105,6 +105,13 @@ def test_holm_and_bh_match_multipletests_and_hand_values() -> None:
     # hand values for Holm / BH on (0.01, 0.04, 0.03)
     assert list(multipletests([0.01, 0.04, 0.03], method="holm")[1]) == pytest.approx([0.03, 0.06, 0.06])
     assert list(multipletests([0.01, 0.04, 0.03], method="fdr_bh")[1]) == pytest.approx([0.03, 0.04, 0.04])
+
+
+@pytest.mark.parametrize("p", [[0.01, 0.04, 0.03], [0.5], [0.2, 0.2, 0.01, 0.9, 0.04], [0.6, 0.7, 0.01], []])
+def test_holm_matches_multipletests_and_hand_values(p: list[float]) -> None:
+    assert holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]) if p else [])
+    if p == [0.01, 0.04, 0.03]:
+        assert holm(p) == pytest.approx([0.03, 0.06, 0.06])  # 3 x 0.01; max(2 x 0.03, 0.03); max(0.04, 0.06)
 
 
 def test_excess_flips_against_baseline_rerun_hand_computed() -> None:
