@@ -349,7 +349,8 @@ def test_requantizing_is_not_idempotent_for_a_subnormal_scale() -> None:
 @settings(max_examples=60, deadline=None)
 @given(nvfp4_inputs())
 def test_dequantized_error_is_bounded_by_half_a_step(x: torch.Tensor) -> None:
-    """Each element is within half the largest E2M1 step (1 * s/gs) of x; underflowed blocks are tiny.
+    """Each element is within half the largest E2M1 step (1 * s/gs) of x, or saturated at 6 s/gs where a
+    subnormal block scale rounded down; underflowed blocks are tiny.
 
     Holds below amax 2688 * 2**114 ~ 5.6e37, where the dynamic gs stops at its floor and values saturate.
     """
@@ -360,6 +361,10 @@ def test_dequantized_error_is_bounded_by_half_a_step(x: torch.Tensor) -> None:
     # an underflowed block has SF <= 2**-10, i.e. amax <= 6 * 2**-10 / gs
     bound = torch.where(s == 0, 6 * 2.0**-10, s) / q.global_scale.double()
     bound = bound.repeat_interleave(16, dim=-1)
+    # a subnormal E4M3 scale can round down by far more than the 1/16 of a normal one (2.86e-3 -> 2**-9),
+    # so the block maximum saturates at code 6: its error is then |x| - 6 s/gs (under s/gs for normal s)
+    top = 6 * s.repeat_interleave(16, dim=-1) / q.global_scale.double()
+    bound = torch.maximum(bound, x.abs().double() - top)
     # the half-step bound is exact; x and the dequantized value are float32, so allow one float32 ulp of each
     ulps = 2 * torch.finfo(torch.float32).eps * torch.maximum(x.abs().double(), deq.abs())
     assert ((deq - x.double()).abs() <= bound * (1 + 1e-6) + ulps).all()
@@ -401,3 +406,14 @@ def test_cuda_matches_cpu_bit_for_bit() -> None:
         gpu = nvfp4.quantize(x.cuda(), **{k: v.cuda() for k, v in kwargs.items()})  # type: ignore[arg-type]
         assert torch.equal(gpu.packed.cpu(), cpu.packed) and torch.equal(gpu.scales.cpu(), cpu.scales)
         assert torch.equal(nvfp4.dequantize(gpu).cpu().view(torch.int32), nvfp4.dequantize(cpu).view(torch.int32))
+
+
+def test_a_subnormal_block_scale_that_rounds_down_saturates_the_block_maximum() -> None:
+    """The case hypothesis found: block 2's amax 6.3937e-6 under gs = 2688 (tensor amax 1.0) needs SF = 2.86e-3,
+    which rounds (nearest) to 2**-9 = 1.95e-3; x / (s/gs) = 8.8 > 6, so the element decodes to 6 s/gs."""
+    x = torch.zeros(1, 32)
+    x[0, 15], x[0, 31] = 1.0, 6.3937e-6
+    q = nvfp4.quantize(x)
+    assert float(q.global_scale) == pytest.approx(2688.0)
+    assert q.scales[0, 1].item() == 0x01  # E4M3 code 1: 2**-9
+    assert float(nvfp4.dequantize(q)[0, 31]) == pytest.approx(6 * 2.0**-9 / 2688.0, rel=1e-6)
