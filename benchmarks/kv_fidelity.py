@@ -47,6 +47,7 @@ LLAMACPP_ARMS: dict[str, tuple[str, bool]] = {
     "nvfp4": ("nvfp4", True),
 }
 LLAMACPP_BASE = "f32_fa_off"
+LOG_HEAD_LINES = 400  # a llama.cpp log keeps its start-up lines; one request per position makes ~30k more
 # real arm against real arm: the engines' own noise (A/A, kernel path, baseline element type)
 REAL_PAIRS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "vLLM-CPU": (("auto", "auto_restart", "A/A: a second engine start"),),
@@ -254,8 +255,17 @@ def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path, skip: frozens
                 ids_all.append(np.array(ids))
                 lps_all.append(np.array(lps))
         runs[arm] = Run(ids_all, lps_all)
+        keep_head(work / f"llamacpp_{arm}.log")
         print(f"  llama.cpp {arm}: {time.time() - t0:.0f} s", flush=True)
     return runs
+
+
+def keep_head(log: Path, lines: int = LOG_HEAD_LINES) -> None:
+    """Cut a server log to its first `lines` lines (start-up, cache types) and say how many were cut."""
+    text = log.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    if len(text) > lines:
+        cut = f"[... {len(text) - lines} further lines (per-request server lines) cut by the benchmark]\n"
+        log.write_text("".join(text[:lines]) + cut, encoding="utf-8")
 
 
 # ---- statistics ----

@@ -86,3 +86,13 @@ def test_write_table_from_a_result_file(tmp_path):
             "| 87.1% / 85.8% | 1.00 [0.91, 1.12] | within |") in md
     assert "| llama.cpp | f32_fa_off | f16 | default path | 0.0028 [0.0014, 0.0056] | 0.028 | 94.2% |" in md
     assert "16 chunks x <= 512 tokens" in md and "real arms not run: f32" in md and "12 s" in md
+
+
+def test_a_server_log_keeps_its_head_and_says_how_much_was_cut(tmp_path: Path) -> None:
+    log = tmp_path / "llamacpp_q4_0.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10)))
+    kvf.keep_head(log, lines=4)
+    assert log.read_text().splitlines() == ["line 0", "line 1", "line 2", "line 3",
+                                            "[... 6 further lines (per-request server lines) cut by the benchmark]"]
+    kvf.keep_head(log, lines=40)  # a short log is left as it is
+    assert len(log.read_text().splitlines()) == 5
