@@ -362,14 +362,15 @@ def table(rows: list[dict]) -> str:
 
 
 def skipped_arms(raw: str) -> frozenset[str]:
-    """The --skip-arms names; SystemExit with a one-line error for one that is not a non-baseline arm."""
+    """The --skip-arms names; a one-line error and SystemExit(2) for one that is not a non-baseline arm."""
     from quant.validation import did_you_mean
 
     names = frozenset(x.strip() for x in raw.split(",") if x.strip())
     allowed = [a for a in (*VLLM_ARMS, *LLAMACPP_ARMS) if a not in ("auto", LLAMACPP_BASE)]
     for name in sorted(names - set(allowed)):
-        raise SystemExit(f"error: --skip-arms: {name!r} is not an arm that can be skipped (baselines cannot); "
-                         f"{did_you_mean(name, allowed, listing='choose from')}")
+        print(f"error: --skip-arms: {name!r} is not an arm that can be skipped (baselines cannot); "
+              f"{did_you_mean(name, allowed, listing='choose from')}", file=sys.stderr)
+        raise SystemExit(2)
     return names
 
 
@@ -392,8 +393,16 @@ def main(argv: list[str] | None = None) -> None:
     if ns.vllm_worker:
         vllm_worker(*ns.vllm_worker)
         return
-    engines = set(ns.engines.split(","))
+    engines = {e.strip() for e in ns.engines.split(",") if e.strip()}
     sys.path.insert(0, str(REPO))
+    numbers = {"--chunks": ns.chunks, "--max-tokens": ns.max_tokens, "--top-k": ns.top_k,
+               "--llamacpp-chunks": ns.llamacpp_chunks, "--llamacpp-tokens": ns.llamacpp_tokens}
+    problem = next((f"{flag} must be a positive number, got {v}" for flag, v in numbers.items() if v < 1), None)
+    if not engines or not engines <= {"vllm", "llamacpp"}:
+        problem = f"--engines {ns.engines!r}: a comma list of vllm, llamacpp"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
     skip = skipped_arms(ns.skip_arms)
     import torch
 
@@ -460,4 +469,11 @@ def write_table(out: Path) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.path.insert(0, str(REPO))
+    from qa.errors import USER_ERRORS
+
+    try:
+        main()
+    except USER_ERRORS as exc:  # missing data, a bad engine setting: one line, exit 2
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -57,12 +57,15 @@ def test_verdict(ci, want):
     assert kvf.verdict(ci) == want
 
 
-def test_skip_arms_accepts_non_baseline_arms_and_refuses_the_rest():
+def test_skip_arms_accepts_non_baseline_arms_and_refuses_the_rest(capsys: pytest.CaptureFixture[str]):
     assert kvf.skipped_arms("") == frozenset()
     assert kvf.skipped_arms("f32, f16_fa_off") == {"f32", "f16_fa_off"}
     for bad in ("auto", "f32_fa_off", "q9_0"):
-        with pytest.raises(SystemExit, match="error: --skip-arms"):
+        with pytest.raises(SystemExit) as exit_info:
             kvf.skipped_arms(bad)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --skip-arms: {bad!r}") and err.count("\n") == 1
 
 
 def _stats(kl: float, agree: float) -> dict:
@@ -96,3 +99,16 @@ def test_a_server_log_keeps_its_head_and_says_how_much_was_cut(tmp_path: Path) -
                                             "[... 6 further lines (per-request server lines) cut by the benchmark]"]
     kvf.keep_head(log, lines=40)  # a short log is left as it is
     assert len(log.read_text().splitlines()) == 5
+
+
+@pytest.mark.parametrize("args, message", [(["--engines", "foo"], "--engines 'foo'"),
+                                           (["--chunks", "0"], "--chunks must be a positive number"),
+                                           (["--engines", "vllm", "--top-k", "-1"], "--top-k must be a positive")])
+def test_bad_options_are_one_line_errors_before_any_run(args: list[str], message: str, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        kvf.main([*args, "--out", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()  # nothing written
