@@ -1,5 +1,7 @@
 """Every run folder committed under reports/ re-gates, from its comparison.json alone (schema 1 files
-are migrated on load), to the status its verdict.json records under the same policy."""
+are migrated on load), to the status its verdict.json records under the same policy. A several-candidate
+run's root holds a run-level verdict (RunVerdict): each of its candidates/<name>/ folders is re-gated as
+a run folder, and the root must record exactly those candidates' statuses."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from qa.gate.rules import decide
 from qa.rundir import RunDir
 
 REPORTS = Path(__file__).resolve().parents[3] / "reports"
-RUNS = sorted(p.parent for p in REPORTS.glob("**/verdict.json") if "runs" not in p.parts)
+FOLDERS = sorted(p.parent for p in REPORTS.glob("**/verdict.json") if "runs" not in p.parts)
+SEVERAL = [f for f in FOLDERS if (f / "candidates").is_dir()]  # several-candidate run roots
+RUNS = [f for f in FOLDERS if f not in SEVERAL]
 
 
 def test_there_are_committed_runs() -> None:
@@ -25,3 +29,13 @@ def test_committed_run_regates_to_its_recorded_status(run: Path) -> None:
     again = decide(rd.load_comparison(), recorded.policy)
     assert again.status == recorded.status
     assert [(t.task, t.status) for t in again.tasks] == [(t.task, t.status) for t in recorded.tasks]
+
+
+@pytest.mark.parametrize("run", SEVERAL, ids=[str(r.relative_to(REPORTS)) for r in SEVERAL])
+def test_a_several_candidate_root_records_its_candidates_verdicts(run: Path) -> None:
+    root = RunDir(run).load_run_verdict()
+    for cand in root.candidates:
+        own = RunDir(run / cand.folder).load_verdict()
+        assert (cand.status, cand.tasks) == (own.status, {t.task: t.status for t in own.tasks}), cand.name
+    statuses = {c.status for c in root.candidates}
+    assert root.status == ("fail" if "fail" in statuses else "pass" if statuses == {"pass"} else "inconclusive")
