@@ -287,7 +287,7 @@ def _vllm_throughput(model_dir: str, prompts: list[str], max_tokens: int) -> tup
     from pathlib import Path
 
     from evals.errors import EvalError
-    from qa.processes import arm_python
+    from qa.run.processes import arm_python
 
     try:
         python = arm_python("vllm")

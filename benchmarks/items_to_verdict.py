@@ -8,7 +8,7 @@ the fixed-n verdict of the gate on all paired items, then the looks of a sequent
 policy with `looks` and `spending` set) replayed over the same records in the seeded item order the
 runner uses (the first n_k items at look k are `evals.sampling.select_items(selection, n_k, seed)`,
 n_k from `qa.stats.sequential.look_sizes`): at each look the arms are compared on those items only
-(qa.analyze.compare_arms) and `qa.gate.sequential.look_decision` decides; the task's sequential verdict
+(qa.compare.arms.compare_arms) and `qa.gate.sequential.look_decision` decides; the task's sequential verdict
 is the gate's (`qa.gate.rules.decide`) on the comparison of the items used, with its looks recorded.
 
 Printed per (case, task, spending): both verdicts, the items each used and their ratio, and the wall-time
@@ -39,13 +39,13 @@ sys.path.insert(0, str(ROOT))
 
 from evals.records import SampleRecord
 from evals.sampling import select_items
-from qa.analyze import Arm, compare_arms, load_arm
-from qa.comparison import Comparison, StatsSettings
+from qa.compare.arms import Arm, compare_arms, load_arm
+from qa.files.comparison import Comparison, StatsSettings
 from qa.errors import USER_ERRORS, QAError
 from qa.gate.rules import decide, select_estimate
 from qa.gate.sequential import look_decision, sequential_task
-from qa.policy import Policy, TaskPolicy, resolve_policy
-from qa.rundir import RunDir
+from qa.files.policy import Policy, TaskPolicy, resolve_policy
+from qa.files.rundir import RunDir
 from qa.stats.sequential import SPENDING, Design, look_sizes
 from quant.validation import did_you_mean
 

@@ -11,7 +11,7 @@ The emulator runs transformers with `quant.kv` caches: bf16 for the vLLM pairs, 
 dequantized weights in float32 for the llama.cpp pairs, every matmul input rounded to q8 blocks as ggml's
 CPU backend does (quant.ggml_blocks.round_matmul_inputs).
 
-Per pair: mean KL over the baseline's top-k + tail (qa.distribution.topk_kl) with a 95% CI clustered by
+Per pair: mean KL over the baseline's top-k + tail (qa.compare.distribution.topk_kl) with a 95% CI clustered by
 chunk, p99 KL, top-1 agreement, and the emulator / real ratio of mean KL with a paired bootstrap CI over
 chunks. Writes <out>/fidelity.json and <out>/TABLE.md.
 
@@ -271,7 +271,7 @@ def keep_head(log: Path, lines: int = LOG_HEAD_LINES) -> None:
 # ---- statistics ----
 def pair_stats(base: Run, cand: Run) -> dict:
     """Mean KL (95% CI clustered by chunk), p99 KL, top-1 agreement of cand against base; per-chunk KL sums."""
-    from qa.distribution import topk_kl
+    from qa.compare.distribution import topk_kl
     from qa.stats.basic import cluster_mean_se, t_interval
 
     kl, agree, clusters = [], [], []

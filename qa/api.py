@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qa.comparison import Comparison, StatsSettings
+from qa.files.comparison import Comparison, StatsSettings
 from qa.errors import QAError
-from qa.gate.verdict import RunVerdict, Verdict
-from qa.policy import Policy, load_policy, resolve_policy
-from qa.rundir import RunDir
-from qa.spec import RunSpec
+from qa.files.verdict import RunVerdict, Verdict
+from qa.files.policy import Policy, load_policy, resolve_policy
+from qa.files.rundir import RunDir
+from qa.files.spec import RunSpec
 
 if TYPE_CHECKING:
-    from qa.plan import PlanOptions
+    from qa.plan.power import PlanOptions
     from qa.report import ReportPaths
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
@@ -44,11 +44,11 @@ def run(spec: Path | RunSpec, out: Path | None = None, *, data_dir: Path | None 
         spec_dir: Path | None = None, plan: PlanOptions | None = None) -> RunResult:
     """Run a spec end to end into `out` (default reports/runs/<name>), resuming a run of the same spec.
     A spec file's relative paths (policy) are read from its folder, or from `spec_dir`; `plan` sets the
-    power plan's priors and strictness (qa.plan)."""
-    from qa.pipeline import resolve_data_dir
-    from qa.pipeline import run as run_pipeline
-    from qa.rundir import default_run_dir
-    from qa.spec import load_spec
+    power plan's priors and strictness (qa.plan.power)."""
+    from qa.run.pipeline import resolve_data_dir
+    from qa.run.pipeline import run as run_pipeline
+    from qa.files.rundir import default_run_dir
+    from qa.files.spec import load_spec
 
     if isinstance(spec, Path):
         spec_dir = spec_dir or spec.resolve().parent
@@ -63,7 +63,7 @@ def compare(baseline: Path, candidate: Path, out: Path | None = None, settings: 
             rerun: Path | None = None, progress: Progress | None = None) -> Comparison:
     """Pair two arms' folders (records/<arm> or lm-eval --log_samples; plus an optional baseline rerun)
     and compute the comparison; with `out`, write `out`/comparison.json atomically."""
-    from qa.analyze import compare_arms, load_arm
+    from qa.compare.arms import compare_arms, load_arm
 
     rerun_arm = load_arm(rerun) if rerun is not None else None
     comparison = compare_arms(load_arm(baseline), load_arm(candidate), settings or StatsSettings(), progress, rerun_arm)
@@ -121,7 +121,7 @@ def report(run_dir: Path, policy: Policy | Path | None = None, out: Path | None 
 
 def candidate_names(run_dir: Path) -> list[str] | None:
     """The candidates of a several-candidate run directory (laid out in candidates/<name>/), else None."""
-    from qa.spec import FIXED_ROLES, LEGACY_CANDIDATE
+    from qa.files.spec import FIXED_ROLES, LEGACY_CANDIDATE
 
     rd = RunDir(run_dir)
     if rd.top != rd.root or not rd.spec.is_file():
@@ -149,7 +149,7 @@ def combine_candidates(run_dir: Path, verdicts: dict[str, Verdict]) -> RunVerdic
     """The run-level verdict of the candidates' verdicts; writes verdict.json, junit.xml and summary.md."""
     from qa.gate.junit import write_junit
     from qa.gate.summary import write_summary
-    from qa.gate.verdict import run_verdict
+    from qa.files.verdict import run_verdict
 
     rd = RunDir(run_dir)
     combined = run_verdict(verdicts, _folders(rd, list(verdicts)))
@@ -171,7 +171,7 @@ def gate_candidates(run_dir: Path, policy: Policy | Path | None = None) -> tuple
 def report_candidates(run_dir: Path, policy: Policy | Path | None = None) -> tuple[Path, Path]:
     """Each candidate's report in candidates/<name>/ (`report`), then the run root's report.md and
     report.html with the candidate x task matrix (re-gated under `policy` when given); their paths."""
-    from qa.gate.verdict import run_verdict
+    from qa.files.verdict import run_verdict
     from qa.report.gather import resolve_verdict
     from qa.report.matrix import render_matrix
 

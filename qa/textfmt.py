@@ -7,7 +7,7 @@ import html
 import math
 import re
 
-from qa.comparison import Interval
+from qa.files.comparison import Interval
 
 MD_SPECIAL = re.compile(r"([\\`*|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])|\]\(|^[#>+-]|!\[)")
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from qa.comparison import Comparison
+from qa.files.comparison import Comparison
 from qa.gate.rules import decide
-from qa.gate.verdict import Status, Verdict
-from qa.rundir import RunDir
+from qa.files.verdict import Status, Verdict
+from qa.files.rundir import RunDir
 from quant.fileio import atomic_write_text
 
 RUN_INFO = "run.json"

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from evals.arm import ARM_FILE, ArmManifest
-from qa.processes import WORKER_MODULE, arm_python
-from qa.rundir import RunDir, prepare_run_dir
-from qa.spec import ArmSpec, RunSpec, dump_spec, load_spec
+from qa.run.processes import WORKER_MODULE, arm_python
+from qa.files.rundir import RunDir, prepare_run_dir
+from qa.files.spec import ArmSpec, RunSpec, dump_spec, load_spec
 from quant.fileio import sha256_file
 from scripts.study_published import Refusal, RunInfo, SeededCalibration, publish
 

@@ -11,10 +11,10 @@ import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from qa.comparison import DistributionEstimate, Estimate
+from qa.files.comparison import DistributionEstimate, Estimate
 from qa.gate.rules import noninferiority, sigma
-from qa.gate.verdict import TaskVerdict
-from qa.policy import TaskPolicy
+from qa.files.verdict import TaskVerdict
+from qa.files.policy import TaskPolicy
 from qa.textfmt import pts
 from quant.fileio import atomic_write_text
 from scripts.study_published import Published, load_published

@@ -1,14 +1,28 @@
-"""The package layering: qa -> evals -> quant (quant imports neither, evals never imports qa), no
-module-level import cycle, no library module over 450 lines, and no private name imported across modules."""
+"""The package layering, counted over every import (module level, inside functions, under TYPE_CHECKING):
+
+- dependencies point one way, qa -> evals -> quant (quant imports neither, evals never imports qa);
+- no import cycle between modules of the three packages;
+- an import inside a function is there only for a heavy optional dependency: it names one (HEAVY) or a
+  module of ours that loads one when it is imported, and says so in a comment on its line;
+- `qa.api` is the front door: nothing imports it but the `qa` package itself;
+- no library module over the size limit, and no private name imported across modules.
+"""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("quant", "evals", "qa")
 MAX_LINES = 450
+# Heavy optional dependencies: each costs a noticeable part of a second (or far more) to import, or is an
+# extra that a light command must not need. Only these justify an import inside a function.
+HEAVY = frozenset({"torch", "transformers", "vllm", "xllamacpp", "lm_eval", "datasets", "safetensors",
+                   "matplotlib", "huggingface_hub", "accelerate", "gguf", "statsmodels"})
+FRONT_DOOR = "qa.api"
 
 
 def _modules() -> dict[str, Path]:
@@ -23,49 +37,127 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(path: Path, *, top_level_only: bool) -> list[ast.ImportFrom | ast.Import]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    nodes = tree.body if top_level_only else list(ast.walk(tree))
-    return [n for n in nodes if isinstance(n, ast.ImportFrom | ast.Import)]
+@dataclass(frozen=True)
+class Imp:
+    """One import statement: the module it sits in, what it names, where, and how it runs."""
+
+    module: str
+    node: ast.Import | ast.ImportFrom
+    in_function: bool
+    type_only: bool  # under `if TYPE_CHECKING:`
+
+    @property
+    def names(self) -> list[str]:
+        """The dotted names it imports (for `from a import b`: a.b when that is a module, else a)."""
+        if isinstance(self.node, ast.Import):
+            return [a.name for a in self.node.names]
+        base = self.node.module or ""
+        if self.node.level:  # relative: resolve against this module's package
+            pkg = self.module if MODULES[self.module].name == "__init__.py" else self.module.rpartition(".")[0]
+            for _ in range(self.node.level - 1):
+                pkg = pkg.rpartition(".")[0]
+            base = f"{pkg}.{base}" if base else pkg
+        subs = [f"{base}.{a.name}" for a in self.node.names]
+        return [s if s in MODULES else base for s in subs]
+
+    def targets(self) -> set[str]:
+        """The modules of ours it imports (the nearest enclosing module of each name)."""
+        out = set()
+        for name in self.names:
+            parts = name.split(".")
+            for i in range(len(parts), 0, -1):
+                cand = ".".join(parts[:i])
+                if cand in MODULES:
+                    if cand != self.module:
+                        out.add(cand)
+                    break
+        return out
+
+    def externals(self) -> set[str]:
+        """The top-level packages outside ours it imports."""
+        return {n.split(".")[0] for n in self.names if n.split(".")[0] not in PACKAGES}
 
 
-def _graph() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for m, path in MODULES.items():
-        for n in _imports(path, top_level_only=True):
-            if isinstance(n, ast.Import):
-                graph[m].update(a.name for a in n.names if a.name in MODULES)
-                continue
-            if not n.module:
-                continue
-            subs = [f"{n.module}.{a.name}" for a in n.names]
-            if all(s in MODULES for s in subs):  # `from pkg import submodule`
-                graph[m].update(s for s in subs if s != m)
-            elif n.module in MODULES and n.module != m:
-                graph[m].add(n.module)
-    return graph
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _walk(module: str, body: list[ast.stmt], in_function: bool, type_only: bool) -> list[Imp]:
+    out: list[Imp] = []
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            out.append(Imp(module, node, in_function, type_only))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out += _walk(module, node.body, True, type_only)
+        elif isinstance(node, ast.If):
+            out += _walk(module, node.body, in_function, type_only or _is_type_checking(node.test))
+            out += _walk(module, node.orelse, in_function, type_only)
+        else:
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                inner = getattr(node, field, None)
+                if isinstance(inner, list):
+                    stmts = [s for s in inner if isinstance(s, ast.stmt)]
+                    stmts += [s for h in inner if isinstance(h, ast.ExceptHandler) for s in h.body]
+                    out += _walk(module, stmts, in_function, type_only)
+    return out
+
+
+@cache
+def _imports(module: str) -> tuple[Imp, ...]:
+    return tuple(_walk(module, ast.parse(MODULES[module].read_text(encoding="utf-8")).body, False, False))
+
+
+def _module_level(module: str) -> tuple[set[str], set[str]]:
+    """What importing `module` runs directly: (our modules, external packages) of its package inits' and
+    its own module-level imports."""
+    parents = [module.rsplit(".", i)[0] for i in range(module.count("."), 0, -1)]
+    ours: set[str] = set(p for p in parents if p in MODULES)
+    ext: set[str] = set()
+    for m in [p for p in parents if p in MODULES] + [module]:
+        for imp in _imports(m):
+            if not imp.in_function and not imp.type_only:
+                ours |= imp.targets()
+                ext |= imp.externals()
+    ours.discard(module)
+    return ours, ext
+
+
+@cache
+def _loads_heavy(module: str) -> str | None:
+    """The heavy dependency importing `module` loads (package inits and module-level imports, transitively),
+    or None."""
+    seen, todo = {module}, [module]
+    while todo:
+        ours, ext = _module_level(todo.pop())
+        if ext & HEAVY:
+            return sorted(ext & HEAVY)[0]
+        todo += sorted(ours - seen)
+        seen |= ours
+    return None
+
+
+def _line_has_comment(path: Path, node: ast.stmt) -> bool:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return any("#" in lines[i - 1] for i in range(node.lineno, (node.end_lineno or node.lineno) + 1))
 
 
 def test_dependencies_point_one_way() -> None:
     allowed = {"quant": ("quant",), "evals": ("evals", "quant"), "qa": ("qa", "evals", "quant")}
-    bad = []
-    for m, path in MODULES.items():
-        for n in _imports(path, top_level_only=False):  # lazy imports count too
-            names = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module or ""]
-            for name in names:
-                top = name.split(".")[0]
-                if top in PACKAGES and top not in allowed[m.split(".")[0]]:
-                    bad.append(f"{m} imports {name}")
+    bad = [f"{m} imports {t}" for m in MODULES for imp in _imports(m) for t in imp.targets()
+           if t.split(".")[0] not in allowed[m.split(".")[0]]]
     assert not bad
 
 
-def test_no_module_level_import_cycle() -> None:
-    graph, state, cycles = _graph(), {}, []
+def test_no_import_cycle_counting_every_import() -> None:
+    graph = {m: sorted({t for imp in _imports(m) for t in imp.targets()}) for m in MODULES}
+    state: dict[str, int] = {}
+    cycles: list[str] = []
 
     def visit(u: str, stack: list[str]) -> None:
         state[u] = 1
         stack.append(u)
-        for v in sorted(graph[u]):
+        for v in graph[u]:
             if state.get(v) == 1:
                 cycles.append(" -> ".join(stack[stack.index(v):] + [v]))
             elif v not in state:
@@ -79,14 +171,46 @@ def test_no_module_level_import_cycle() -> None:
     assert not cycles
 
 
+def test_imports_inside_functions_are_only_for_heavy_dependencies() -> None:
+    bad = []
+    for m, path in MODULES.items():
+        for imp in _imports(m):
+            if not imp.in_function:
+                continue
+            where = f"{path.relative_to(ROOT)}:{imp.node.lineno}"
+            heavy = imp.externals() & HEAVY or {h for t in imp.targets() if (h := _loads_heavy(t)) is not None}
+            light = (imp.externals() - HEAVY) | {t for t in imp.targets() if _loads_heavy(t) is None}
+            if light:
+                bad.append(f"{where}: {', '.join(sorted(light))} is light: import it at the top of the module")
+            elif not heavy:
+                bad.append(f"{where}: imports nothing heavy")
+            elif not _line_has_comment(path, imp.node):
+                bad.append(f"{where}: say in a comment which heavy dependency ({', '.join(sorted(heavy))}) "
+                           "this import defers")
+    assert not bad
+
+
+def test_the_front_door_is_imported_by_nothing_but_the_package() -> None:
+    bad = [m for m in MODULES for imp in _imports(m) if FRONT_DOOR in imp.targets() and m != "qa"]
+    assert not bad
+
+
 def test_no_library_module_over_the_size_limit() -> None:
     big = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not big
 
 
 def test_no_private_name_imported_across_modules() -> None:
-    bad = [f"{m}: from {n.module} import {a.name}" for m, p in MODULES.items()
-           for n in _imports(p, top_level_only=False) if isinstance(n, ast.ImportFrom) and n.module
-           and n.module.split(".")[0] in PACKAGES for a in n.names
+    bad = [f"{m}: from {imp.node.module} import {a.name}" for m in MODULES for imp in _imports(m)
+           if isinstance(imp.node, ast.ImportFrom) and imp.node.module
+           and imp.node.module.split(".")[0] in PACKAGES for a in imp.node.names
            if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad
+
+
+def test_the_checks_see_what_they_claim() -> None:
+    """The walker finds imports inside functions, under TYPE_CHECKING, and the heavy loads of our modules."""
+    inner = [i for m in MODULES for i in _imports(m) if i.in_function]
+    assert inner, "no import inside a function was found at all: the walker is broken"
+    assert _loads_heavy("quant.nvfp4") == "torch"  # the reference quantizer is torch code
+    assert _loads_heavy("quant.validation") is None

@@ -16,10 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from evals.models import DEFAULT_MODEL, load_model, resolve_model
-from qa.calibration import calibrate_model, export_vllm_model, load_prompts
+from qa.run.calibration import calibrate_model, export_vllm_model, load_prompts
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
-from qa.plots import write_kv_plot
+from qa.report.plots import write_kv_plot
 from quant.calibrate import CalibrationSpec
 from quant.errors import QuantError
 from quant.export import EXPORT_TARGETS, export_scales

@@ -1,5 +1,5 @@
 """`qa compare BASE CAND --out DIR` and `qa plan --task T --margin M`: thin shells over
-`qa.api.compare` (+ the gate's verdict under --policy) and `qa.sample_size`."""
+`qa.api.compare` (+ the gate's verdict under --policy) and `qa.plan.sample_size`."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from rich.table import Table
 from qa import api
 from qa.cli.app import app
 from qa.cli.options import PolicyOpt
-from qa.comparison import Comparison, StatsSettings, load_comparison
+from qa.files.comparison import Comparison, StatsSettings, load_comparison
 from qa.errors import QAError
-from qa.gate.verdict import Verdict
-from qa.sample_size import SampleSizePlan, sample_size_from_estimate, sample_size_plan
+from qa.files.verdict import Verdict
+from qa.plan.sample_size import SampleSizePlan, sample_size_from_estimate, sample_size_plan
 from qa.textfmt import pts
 
 AlphaOpt = Annotated[float, typer.Option("--alpha", help="One-sided level; the decision CI is 1 - 2*alpha.")]

@@ -19,7 +19,7 @@ from qa.cli.run_cmd import print_matrix
 from qa.errors import QAError
 from qa.gate.junit import write_junit
 from qa.gate.summary import write_summary
-from qa.gate.verdict import Verdict
+from qa.files.verdict import Verdict
 from qa.textfmt import pts
 
 STYLE = {"pass": "bold green", "fail": "bold red", "inconclusive": "bold yellow"}

@@ -13,8 +13,8 @@ from rich.table import Table
 from qa import api
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, PlanFromOpt, PlanPriorOpt, StrictPlanOpt
-from qa.dry_run import PlannedArm, dry_run
-from qa.gate.verdict import RunVerdict, Verdict
+from qa.run.dry_run import PlannedArm, dry_run
+from qa.files.verdict import RunVerdict, Verdict
 
 console = Console()
 
@@ -73,10 +73,10 @@ def run_command(
     plan_from: PlanFromOpt = None,
 ) -> None:
     """Calibrate (if asked) -> each arm in its own process -> compare -> gate -> report."""
-    from qa.pipeline import resolve_data_dir
-    from qa.plan import PlanOptions, announce_plan, parse_prior_options
-    from qa.rundir import default_run_dir
-    from qa.spec import load_spec
+    from qa.run.pipeline import resolve_data_dir
+    from qa.plan.power import PlanOptions, announce_plan, parse_prior_options
+    from qa.files.rundir import default_run_dir
+    from qa.files.spec import load_spec
 
     plan = PlanOptions(priors=parse_prior_options(plan_prior or []), from_run=plan_from, strict=strict_plan)
     if dry:

@@ -1,4 +1,4 @@
-"""The cache-path rules of a sessions task (comparison.json `cache_path`, qa.stats.cache_path): is the
+"""The cache-path rules of a sessions task (comparison.json `cache_path`, qa.compare.cache_path): is the
 candidate's warm path (served from its prefix cache) as close to its cold path as the baseline's is?
 
 Four rules, each a RuleResult on the task's verdict; with `gate_cache_path` (the default) they decide
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from qa.comparison import CacheArm, CacheKLDelta, CachePathEstimate, Comparison, Estimate, ExcessFlips
-from qa.gate.verdict import Kind, RuleResult, TaskVerdict
-from qa.policy import TaskPolicy
+from qa.files.comparison import CacheArm, CacheKLDelta, CachePathEstimate, Comparison, Estimate, ExcessFlips
+from qa.files.verdict import Kind, RuleResult, TaskVerdict
+from qa.files.policy import TaskPolicy
 from qa.stats.basic import t_interval
 from qa.textfmt import ci_text, percent
 

@@ -7,7 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from qa.gate.verdict import TaskVerdict, Verdict
+from qa.files.verdict import TaskVerdict, Verdict
 from quant.fileio import atomic_write_text
 
 # XML 1.0 cannot carry most control characters, even escaped; task names come from user data.

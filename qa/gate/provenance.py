@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Literal
 
 from evals.provenance import STATIC_ORIGINS, KVProvenance
-from qa.gate.verdict import Verdict
-from qa.policy import Policy
+from qa.files.verdict import Verdict
+from qa.files.policy import Policy
 
 Finding = Literal["ok", "missing", "defaulted_unasked", "not_judged"]
 

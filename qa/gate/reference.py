@@ -1,4 +1,4 @@
-"""The reference-answer rules: non-inferiority of the teacher-forced reference answers (qa.stats.reference),
+"""The reference-answer rules: non-inferiority of the teacher-forced reference answers (qa.compare.reference),
 in nats per token, on the (1 - 2 alpha) t interval of each mean over items.
 
 - reference_logprob: pass iff the interval's lower limit of delta_logprob (candidate - baseline) lies
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from scipy import stats as sps
 
-from qa.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
-from qa.gate.verdict import RuleName, RuleResult, Status, TaskVerdict
-from qa.policy import TaskPolicy
+from qa.files.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
+from qa.files.verdict import RuleName, RuleResult, Status, TaskVerdict
+from qa.files.policy import TaskPolicy
 
 
 def stat_interval(stat: ReferenceStat | None, level: float) -> Interval | None:

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from scipy import stats as sps
 
-from qa.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
+from qa.files.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
 from qa.errors import PolicyError
 from qa.gate.cache_path import with_cache_path
 from qa.gate.reference import with_reference
-from qa.gate.verdict import RuleResult, Status, TaskVerdict, Verdict
-from qa.policy import AUTO_METRICS, Policy, TaskPolicy
-from qa.stats.estimate import holm
+from qa.files.verdict import RuleResult, Status, TaskVerdict, Verdict
+from qa.files.policy import AUTO_METRICS, Policy, TaskPolicy
+from qa.compare.estimate import holm
 from qa.stats.intervals import delta_interval, p_below
 from qa.stats.power import items_needed, mde, repeats_needed
 from qa.textfmt import ci_text, percent, pts

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qa.gate.verdict import RunVerdict, Verdict
+from qa.files.verdict import RunVerdict, Verdict
 from qa.textfmt import md_cell, pts
 from quant.fileio import atomic_write_text
 

@@ -1,4 +1,4 @@
-"""The report's "Cache path" section (comparison.json `cache_path`, qa.stats.cache_path): per sessions
+"""The report's "Cache path" section (comparison.json `cache_path`, qa.compare.cache_path): per sessions
 task, each arm's warm path against its own cold path (prefix-cache hit rate, identical outputs, first
 divergence, KL(cold || warm), flips), per turn depth, the shuffled batch-history A/A floor, the
 candidate next to the baseline (excess flips, KL difference, warm accuracy vs the baseline's cold path)
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from html import escape
 
-from qa.comparison import AgreementShare, CacheArm, CachePathEstimate, CacheTurn, Flips, Interval
-from qa.gate.verdict import TaskVerdict
+from qa.files.comparison import AgreementShare, CacheArm, CachePathEstimate, CacheTurn, Flips, Interval
+from qa.files.verdict import TaskVerdict
 from qa.report.gather import ReportInputs
 from qa.textfmt import md_cell, percent, pts
 

@@ -8,8 +8,8 @@ from typing import Literal
 
 from evals.errors import RecordError
 from evals.records import SampleRecord, read_records
-from qa.comparison import Comparison, Estimate
-from qa.rundir import RunDir
+from qa.files.comparison import Comparison, Estimate
+from qa.files.rundir import RunDir
 
 REDACTED_TASK_PREFIXES = ("gpqa",)  # gated dataset: items are shown by record id only, never text
 MAX_EXAMPLES = 5  # changed answers shown per task and direction

@@ -1,11 +1,11 @@
-"""The report's figures, drawn from ReportInputs with `qa.plots`: forest plot, flips, KL per chunk,
+"""The report's figures, drawn from ReportInputs with `qa.report.plots`: forest plot, flips, KL per chunk,
 per-layer KV-cache error."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qa import plots
+from qa.report import plots
 from qa.report.gather import ReportInputs, gated_estimate
 from qa.report.rows import rule
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from evals.arm import ARM_FILE, ArmManifest
 from evals.errors import RecordError
 from qa.api import policy_for_run
-from qa.comparison import Comparison, Estimate
+from qa.files.comparison import Comparison, Estimate
 from qa.errors import QAError
 from qa.gate.rules import decide
-from qa.gate.verdict import TaskVerdict, Verdict
-from qa.policy import Policy
+from qa.files.verdict import TaskVerdict, Verdict
+from qa.files.policy import Policy
 from qa.report.examples import Example, find_examples
-from qa.rundir import RunDir
+from qa.files.rundir import RunDir
 from quant.errors import QuantError
 from quant.inspect import InspectReport, load_inspect
 

@@ -1,5 +1,5 @@
 """The report's "Reference-answer signal" section: per task with reference answers (comparison.json
-`reference`, qa.stats.reference), the items, the mean change in the reference tokens' log-probability
+`reference`, qa.compare.reference), the items, the mean change in the reference tokens' log-probability
 and the mean KL(baseline || candidate) over them (nats/token, 95% CIs), the A/A floor where a rerun arm
 exists, and the gate's decision on them (qa.gate.reference); an engine without log-probs: "not available"."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from html import escape
 
-from qa.comparison import ReferenceEstimate, ReferenceStat
-from qa.gate.verdict import TaskVerdict
+from qa.files.comparison import ReferenceEstimate, ReferenceStat
+from qa.files.verdict import TaskVerdict
 from qa.report.gather import ReportInputs
 from qa.textfmt import md_cell
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qa.comparison import (
+from qa.files.comparison import (
     ArmGeneration,
     Comparison,
     DistributionEstimate,
@@ -15,7 +15,7 @@ from qa.comparison import (
     GenerationEstimate,
     Interval,
 )
-from qa.gate.verdict import RuleResult, TaskVerdict, Verdict
+from qa.files.verdict import RuleResult, TaskVerdict, Verdict
 from qa.textfmt import percent, pts
 from quant.inspect import InspectReport, LayerReport
 

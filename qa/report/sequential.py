@@ -1,12 +1,12 @@
 """The report's "Sequential looks" section: per task of a sequential run (comparison.json `sequential`,
-written by qa.sequential_run), each look's items, critical value, adjusted level, interval of delta and
+written by qa.run.sequential), each look's items, critical value, adjusted level, interval of delta and
 decision; where the task stopped and how many items that saved; and the items saved over all tasks."""
 
 from __future__ import annotations
 
 from html import escape
 
-from qa.comparison import SequentialLook, SequentialTask
+from qa.files.comparison import SequentialLook, SequentialTask
 from qa.report.gather import ReportInputs
 from qa.textfmt import md_cell, percent
 

@@ -12,7 +12,7 @@ import numpy as np
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
 
-from qa.comparison import AgreementShare, Flips, Interval
+from qa.files.comparison import AgreementShare, Flips, Interval
 
 
 def wilson(k: int, n: int, conf: float = 0.95) -> Interval:

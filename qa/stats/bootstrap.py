@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
-from qa.comparison import Bootstrap, Interval
+from qa.files.comparison import Bootstrap, Interval
 
 BATCH_ELEMENTS = 2**22  # resample indices held at once: (batch, G) int64 stays near 32 MB
 

@@ -1,7 +1,7 @@
 """The one place that computes the interval of delta = candidate - baseline at any level, and the
 one-sided p-values that go with it, from an Estimate's stored numbers.
 
-`qa.stats.estimate` uses it to store the 90% and 95% intervals; the gate uses it at the policy's
+`qa.compare.estimate` uses it to store the 90% and 95% intervals; the gate uses it at the policy's
 level (1 - 2 alpha), so a re-gate under another alpha gets the interval the same method gives there.
 
 Methods: `paired_t` / `cluster_cr1_t` (delta -/+ t_df SE), `tango_score` (binary, one repeat, few
@@ -20,7 +20,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from qa.comparison import Estimate, Interval
+from qa.files.comparison import Estimate, Interval
 from qa.stats.basic import t_interval
 from qa.stats.paired_tests import tango_interval, tango_p_greater
 

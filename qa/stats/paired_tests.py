@@ -12,7 +12,7 @@ import math
 import numpy as np
 from scipy import optimize, stats
 
-from qa.comparison import Interval, McNemar
+from qa.files.comparison import Interval, McNemar
 
 Z_EPS = 1e-12  # keeps Tango's statistic off the +-1 boundary, where its variance is 0
 

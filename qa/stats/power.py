@@ -9,7 +9,7 @@ import math
 
 from scipy import stats
 
-from qa.comparison import Estimate
+from qa.files.comparison import Estimate
 from qa.stats.intervals import delta_interval, differing_share_bound
 
 

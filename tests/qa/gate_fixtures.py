@@ -12,7 +12,7 @@ from scipy import stats as sps
 from statsmodels.stats.proportion import proportion_confint
 
 from evals.records import SampleRecord, write_records
-from qa.comparison import (
+from qa.files.comparison import (
     Agreement,
     AgreementShare,
     ChunkValue,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from qa.arm_inputs import task_options
-from qa.spec import ChatSettings, TaskSpec
+from qa.run.arm_inputs import task_options
+from qa.files.spec import ChatSettings, TaskSpec
 
 
 def test_chat_defaults_apply_to_tasks_that_chat_and_multiturn_follows_chat() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from evals.records import read_records
 from qa.errors import SpecError
-from qa.spec import parse_spec
+from qa.files.spec import parse_spec
 from tests.shared_data import shared_data_dir
 from tests.vllm_env import vllm_python_or_skip
 
@@ -65,7 +65,7 @@ def test_vllm_server_args_take_lists_and_tables() -> None:
 @pytest.mark.slow
 def test_a_misspelled_candidate_flag_is_refused_before_the_baseline_runs(tmp_path: Path) -> None:
     from evals.errors import EngineError
-    from qa.pipeline import run
+    from qa.run.pipeline import run
 
     vllm_python_or_skip()
     spec = parse_spec(

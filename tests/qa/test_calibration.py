@@ -1,5 +1,5 @@
 """[calibration] feeds vllm candidates through a model folder: which arms it feeds, and the folder
-`qa.arm_inputs.arm_config` hands such an arm (exported once from the run's scales file)."""
+`qa.run.arm_inputs.arm_config` hands such an arm (exported once from the run's scales file)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from qa.arm_inputs import arm_config
-from qa.calibration import calibrate_model, feeds_vllm
-from qa.rundir import RunDir
-from qa.spec import parse_spec
+from qa.run.arm_inputs import arm_config
+from qa.run.calibration import calibrate_model, feeds_vllm
+from qa.files.rundir import RunDir
+from qa.files.spec import parse_spec
 from quant.calibrate import CalibrationSpec
 from quant.export import SCALES_FILE
 from tests.evals.hf_fixtures import save_tiny

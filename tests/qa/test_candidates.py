@@ -19,9 +19,9 @@ from evals.arm import ArmManifest
 from evals.errors import RecordError
 from evals.records import read_records
 from qa import api
-from qa.gate.verdict import RunVerdict, Verdict, load_verdict
-from qa.rundir import RunDir
-from qa.spec import parse_spec
+from qa.files.verdict import RunVerdict, Verdict, load_verdict
+from qa.files.rundir import RunDir
+from qa.files.spec import parse_spec
 from tests.shared_data import shared_data_dir
 
 TASKS = """
@@ -136,15 +136,15 @@ def test_a_matching_baseline_is_copied_not_run(three: tuple[Path, api.RunResult]
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     source, _ = three
     started: list[str] = []
-    import qa.pipeline
+    import qa.run.pipeline
 
-    real = qa.pipeline.run_arm_process
+    real = qa.run.pipeline.run_arm_process
 
     def spy(run_dir: Path, role: str, spec: object, data_dir: Path | None) -> None:
         started.append(role)
         real(run_dir, role, spec, data_dir)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(qa.pipeline, "run_arm_process", spy)
+    monkeypatch.setattr(qa.run.pipeline, "run_arm_process", spy)
     run = tmp_path / "reuse"
     result = api.run(parse_spec(_reusing(source)), run, data_dir=_data())
     assert started == ["candidate"]  # no baseline engine started

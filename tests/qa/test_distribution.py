@@ -1,4 +1,4 @@
-"""qa.distribution: coarse-grained top-k KL vs exact KL, agreement, delta-p, log-PPL ratio, CR1 SEs."""
+"""qa.compare.distribution: coarse-grained top-k KL vs exact KL, agreement, delta-p, log-PPL ratio, CR1 SEs."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from scipy import stats
 from scipy.special import log_softmax
 
 from evals.records import SampleRecord, TokenLogprobs
-from qa.distribution import distribution_estimates, token_stats, topk_kl
+from qa.compare.distribution import distribution_estimates, token_stats, topk_kl
 from qa.errors import PairingError
-from qa.pairing import pair_records
+from qa.compare.pairing import pair_records
 
 
 def tl(logits: np.ndarray, targets: np.ndarray, k: int) -> TokenLogprobs:

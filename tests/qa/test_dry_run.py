@@ -13,8 +13,8 @@ import pytest
 
 from evals.errors import EngineError
 from evals.servers import VLLM_PYTHON_ENV
-from qa.dry_run import PORT_SHOWN, PlannedArm, dry_run
-from qa.spec import parse_spec
+from qa.run.dry_run import PORT_SHOWN, PlannedArm, dry_run
+from qa.files.spec import parse_spec
 from tests.shared_data import shared_data_dir
 from tests.vllm_env import vllm_python_or_skip
 

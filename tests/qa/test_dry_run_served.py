@@ -6,9 +6,9 @@ import pytest
 
 from evals.errors import EngineError
 from evals.tasks import get_task
-from qa.arm_inputs import task_options
-from qa.dry_run import check_served_requests
-from qa.spec import RunSpec, parse_spec
+from qa.run.arm_inputs import task_options
+from qa.run.dry_run import check_served_requests
+from qa.files.spec import RunSpec, parse_spec
 from tests.shared_data import shared_data_dir
 
 BASE = """

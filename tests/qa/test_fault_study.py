@@ -13,8 +13,8 @@ from scipy import stats
 
 from evals.arm import ArmIdentity, ArmManifest, TaskEntry
 from qa.api import gate
-from qa.policy import TaskPolicy, parse_policy
-from qa.spec import dump_spec, load_spec, parse_spec
+from qa.files.policy import TaskPolicy, parse_policy
+from qa.files.spec import dump_spec, load_spec, parse_spec
 from scripts import fault_study, study_runs, study_tables
 from scripts.study_published import RunInfo, load_published, publish
 from tests.qa.gate_fixtures import estimate_from_scores, make_run_dir

@@ -1,4 +1,4 @@
-"""qa.pairing: joins on (task, item, repeat), one-line refusals, errors dropped from both arms."""
+"""qa.compare.pairing: joins on (task, item, repeat), one-line refusals, errors dropped from both arms."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from evals.records import SampleRecord
 from qa.errors import PairingError
-from qa.pairing import pair_records, paired_generation, paired_metric, paired_metrics, score_keys, split_key
+from qa.compare.pairing import pair_records, paired_generation, paired_metric, paired_metrics, score_keys, split_key
 
 
 def rec(arm: str, item: str, repeat: int = 0, *, task: str = "t", scores: dict | None = None, prompt: str | None = None,

@@ -1,4 +1,4 @@
-"""The power plan (qa.plan): its numbers against qa.stats.power and hand-checked values, priors from the
+"""The power plan (qa.plan.power): its numbers against qa.stats.power and hand-checked values, priors from the
 table (each checked against the committed report it names) and from an earlier run directory,
 reachable / unreachable, `--strict-plan` and bad priors exit 2, and `qa run --dry-run` prints the table."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from qa.comparison import load_comparison
+from qa.files.comparison import load_comparison
 from qa.gate.rules import no_information, select_estimate
-from qa.plan import (
+from qa.plan.power import (
     PlanError,
     PlanOptions,
     TaskCount,
@@ -21,7 +21,7 @@ from qa.plan import (
     plan_run,
     table_priors,
 )
-from qa.policy import TaskPolicy, default_policy, parse_policy
+from qa.files.policy import TaskPolicy, default_policy, parse_policy
 from qa.stats.power import items_needed, z_total
 from tests.qa.cli.test_compare_cmd import run_cli
 from tests.shared_data import shared_data_dir
@@ -166,7 +166,7 @@ def test_strict_plan_and_bad_priors_exit_2_in_one_line(spec_file: Path, tmp_path
 
 
 def test_a_no_information_task_is_planned_on_the_reference_answers_of_an_earlier_run(tmp_path: Path) -> None:
-    from qa.comparison import ReferenceEstimate, ReferenceStat, save_comparison
+    from qa.files.comparison import ReferenceEstimate, ReferenceStat, save_comparison
 
     comparison = load_comparison(REFERENCE / "comparison.json")
     ref = ReferenceEstimate(task="gsm8k", n=48, n_clusters=48, n_tokens=4800, n_missing=0,

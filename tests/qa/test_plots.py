@@ -1,10 +1,10 @@
-"""qa.plots: every figure is a PNG, and a label can never switch on mathtext."""
+"""qa.report.plots: every figure is a PNG, and a label can never switch on mathtext."""
 
 from __future__ import annotations
 
 import math
 
-from qa import plots
+from qa.report import plots
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from qa.errors import PolicyError
-from qa.policy import (
+from qa.files.policy import (
     TaskPolicy,
     default_policy,
     default_policy_text,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from qa.processes import run_worker
+from qa.run.processes import run_worker
 
 
 def test_an_arms_env_reaches_its_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,4 +21,4 @@ def test_an_arms_env_reaches_its_worker(tmp_path: Path, monkeypatch: pytest.Monk
     assert rc == 7
     lines = dump.read_text().splitlines()
     assert {"VLLM_CPU_KVCACHE_SPACE=4", "QA_TEST_OVERRIDDEN=arm", "HF_HUB_OFFLINE=1"} <= set(lines)
-    assert f"ARGV=-m qa.worker {tmp_path / 'run'} nvfp4_kv" in lines
+    assert f"ARGV=-m qa.run.worker {tmp_path / 'run'} nvfp4_kv" in lines

@@ -24,10 +24,10 @@ from evals.sampling import select_items
 from evals.tasks import get_task
 from qa import api
 from qa.errors import QAError
-from qa.policy import load_policy
-from qa.rundir import RunDir
-from qa.sequential_run import plan_tasks
-from qa.spec import parse_spec
+from qa.files.policy import load_policy
+from qa.files.rundir import RunDir
+from qa.run.sequential import plan_tasks
+from qa.files.spec import parse_spec
 from tests.shared_data import shared_data_dir
 
 N_ITEMS, N_MMLU, SEED = 16, 8, 11

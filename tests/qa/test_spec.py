@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qa.errors import SpecError
-from qa.rundir import RunDir, prepare_run_dir
-from qa.spec import dump_spec, load_spec, parse_spec
+from qa.files.rundir import RunDir, prepare_run_dir
+from qa.files.spec import dump_spec, load_spec, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -13,7 +13,7 @@ from scipy import stats
 
 from evals.records import SampleRecord, TokenLogprobs, write_records
 from qa.cli import main
-from qa.comparison import load_comparison
+from qa.files.comparison import load_comparison
 from qa.stats.paired_tests import tango_interval
 from tests.evals.lmeval_fixtures import gen_lines, mc_lines, write_run
 
@@ -179,7 +179,7 @@ def test_compare_with_baseline_rerun_reports_floors(tmp_path: Path, capsys) -> N
 
 
 def test_plan_api_repeats_shrink_within_item_noise() -> None:
-    from qa.sample_size import sample_size_plan as plan
+    from qa.plan.sample_size import sample_size_plan as plan
 
     p = plan("gsm8k", 0.02, accuracy=0.35, rho=0.8, within_share=0.3, n_items=1319)
     z = stats.norm.ppf(0.95) + stats.norm.ppf(0.8)

@@ -14,7 +14,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("*.tom
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_shipped_example_dry_runs(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from qa.cli import main
-    from qa.spec import load_spec
+    from qa.files.spec import load_spec
 
     with pytest.raises(SystemExit) as info:
         main(["run", str(path), "--dry-run", "--data-dir", str(shared_data_dir("gsm8k"))])
@@ -26,7 +26,7 @@ def test_every_shipped_example_dry_runs(path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_the_deepseek_specs_compare_three_candidates_with_an_unoptimized_baseline() -> None:
-    from qa.spec import RunSpec, load_spec
+    from qa.files.spec import RunSpec, load_spec
 
     for name in ("deepseek_v4_flash_low_latency.toml", "deepseek_v4_flash_throughput.toml"):
         spec = load_spec(next(p for p in EXAMPLES if p.name == name))
@@ -51,10 +51,10 @@ def test_the_deepseek_margins_are_reachable_at_their_items_and_repeats(name: str
     """Each task's margin in the specs' policy is one its item count can reach at its repeats (qa plan's
     model: worst-case accuracy 0.5, half of Var(d) sampling noise at temperature 0.6)."""
     from evals.tasks import get_task
-    from qa.arm_inputs import task_options
-    from qa.policy import resolve_policy
-    from qa.sample_size import sample_size_plan
-    from qa.spec import load_spec
+    from qa.run.arm_inputs import task_options
+    from qa.files.policy import resolve_policy
+    from qa.plan.sample_size import sample_size_plan
+    from qa.files.spec import load_spec
 
     path = next(p for p in EXAMPLES if p.name == name)
     spec = load_spec(path)

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from evals.records import write_records
-from qa.analyze import compare_arms, load_arm
-from qa.comparison import Comparison, StatsSettings, load_comparison, save_comparison
+from qa.compare.arms import compare_arms, load_arm
+from qa.files.comparison import Comparison, StatsSettings, load_comparison, save_comparison
 from qa.gate.rules import decide
-from qa.policy import default_policy, parse_policy
+from qa.files.policy import default_policy, parse_policy
 from tests.qa.cache_path_fixtures import ref, sessions_arm
 
 # A loose policy under which the identical cold paths of 12 turns pass on their own, so that what the

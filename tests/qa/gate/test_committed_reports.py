@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qa.gate.rules import decide
-from qa.rundir import RunDir
+from qa.files.rundir import RunDir
 
 REPORTS = Path(__file__).resolve().parents[3] / "reports"
 FOLDERS = sorted(p.parent for p in REPORTS.glob("**/verdict.json") if "runs" not in p.parts)

@@ -12,8 +12,8 @@ from qa import api
 from qa.gate.junit import junit_xml
 from qa.gate.rules import decide
 from qa.gate.summary import summary_markdown, write_summary
-from qa.gate.verdict import load_verdict
-from qa.policy import default_policy
+from qa.files.verdict import load_verdict
+from qa.files.policy import default_policy
 from tests.qa.gate_fixtures import comparison, estimate_from_scores, make_run_dir, scores
 
 DEFAULT = default_policy()
@@ -93,7 +93,7 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_cli_pass_exit_zero(tmp_path: Path) -> None:
-    from qa.comparison import save_comparison
+    from qa.files.comparison import save_comparison
 
     (tmp_path / "run").mkdir()
     save_comparison(tmp_path / "run" / "comparison.json", comparison(_one("arc", 1000, 600, 20, 18)))
@@ -103,7 +103,7 @@ def test_cli_pass_exit_zero(tmp_path: Path) -> None:
 def test_run_verdict_junit_and_summary_of_several_candidates(tmp_path: Path) -> None:
     from qa.gate.junit import run_junit_xml
     from qa.gate.summary import run_summary_markdown
-    from qa.gate.verdict import load_run_verdict, run_verdict, save_run_verdict
+    from qa.files.verdict import load_run_verdict, run_verdict, save_run_verdict
 
     good = decide(comparison(_one("arc", 1000, 600, 20, 18)), DEFAULT)
     bad = decide(comparison(_one("arc", 1000, 600, 60, 15), _one("<b>|x", 198, 60, 14, 9)), DEFAULT)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from scipy import stats as sps
 
-from qa.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
+from qa.files.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
 from qa.errors import PolicyError
 from qa.gate.reference import kl_rule, logprob_rule, stat_interval
 from qa.gate.rules import decide
-from qa.policy import TaskPolicy, default_policy, parse_policy
+from qa.files.policy import TaskPolicy, default_policy, parse_policy
 from tests.qa.gate_fixtures import estimate_from_scores
 
 FLOOR = [0.0] * 20  # GSM8K for SmolLM2-135M: both arms at 0% -> no information

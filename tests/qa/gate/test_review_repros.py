@@ -11,11 +11,11 @@ from pydantic import ValidationError
 from scipy import stats as sps
 
 from evals.records import SampleRecord
-from qa.analyze import Arm, compare_arms
-from qa.comparison import Comparison, Estimate, StatsSettings
+from qa.compare.arms import Arm, compare_arms
+from qa.files.comparison import Comparison, Estimate, StatsSettings
 from qa.gate.rules import decide, decide_task
-from qa.policy import default_policy, parse_policy
-from qa.sample_size import sample_size_plan
+from qa.files.policy import default_policy, parse_policy
+from qa.plan.sample_size import sample_size_plan
 from qa.stats.intervals import delta_interval
 from qa.stats.power import items_needed
 from tests.qa.gate_fixtures import comparison, scores

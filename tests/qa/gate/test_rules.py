@@ -9,11 +9,11 @@ import pytest
 from scipy import stats as sps
 
 from evals.records import SampleRecord
-from qa.analyze import Arm, compare_arms
-from qa.comparison import Interval, StatsSettings
+from qa.compare.arms import Arm, compare_arms
+from qa.files.comparison import Interval, StatsSettings
 from qa.errors import PolicyError
 from qa.gate.rules import decide, no_information, sigma
-from qa.policy import default_policy, parse_policy
+from qa.files.policy import default_policy, parse_policy
 from qa.stats.intervals import delta_interval
 from qa.stats.paired_tests import tango_interval
 from tests.qa.gate_fixtures import comparison, estimate_from_scores, scores

@@ -7,7 +7,7 @@ import pytest
 
 from qa.errors import PolicyError
 from qa.gate.rules import decide, select_estimate
-from qa.policy import default_policy, parse_policy
+from qa.files.policy import default_policy, parse_policy
 from qa.stats.intervals import delta_interval
 from tests.qa.stats.generation_fixtures import FLEXIBLE, STRICT, flags, gen_comparison, gen_records
 

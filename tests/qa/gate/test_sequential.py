@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from qa.comparison import Estimate, SequentialLook, SequentialTask, save_comparison
+from qa.files.comparison import Estimate, SequentialLook, SequentialTask, save_comparison
 from qa.gate.rules import decide
 from qa.gate.sequential import look_decision, look_times, sequential_task
-from qa.policy import Policy, TaskPolicy
+from qa.files.policy import Policy, TaskPolicy
 from qa.stats.intervals import delta_interval
 from qa.stats.sequential import Design, boundaries_at, look_sizes, spent
 from tests.qa.gate_fixtures import comparison, estimate_from_scores, scores
@@ -25,7 +25,7 @@ N = 400  # planned items; every look has >= 30 discordant items, so the toolkit'
 
 
 def paired_t_estimate(a: np.ndarray, b: np.ndarray) -> Estimate:
-    """The Estimate qa.stats.estimate builds for binary, unclustered, one-repeat data with >= 30 discordant
+    """The Estimate qa.compare.estimate builds for binary, unclustered, one-repeat data with >= 30 discordant
     items (paired t, n - 1 df), with only the fields the gate's look reads (fast enough for simulation)."""
     d = b - a
     n = len(d)

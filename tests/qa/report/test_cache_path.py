@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from evals.records import write_records
-from qa.analyze import compare_arms, load_arm
-from qa.comparison import StatsSettings, save_comparison
+from qa.compare.arms import compare_arms, load_arm
+from qa.files.comparison import StatsSettings, save_comparison
 from qa.report import render
 from qa.report.cache_path import ARM_HEADERS, TURN_HEADERS
 from tests.qa.cache_path_fixtures import sessions_arm

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qa.policy import parse_policy
+from qa.files.policy import parse_policy
 from qa.report.figures import forest_rows, make_figures
 from qa.report.gather import gather
 from qa.stats.intervals import delta_interval

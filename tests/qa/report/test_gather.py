@@ -9,10 +9,10 @@ from pathlib import Path
 
 from evals.arm import ArmIdentity, ArmManifest, EngineSummary
 from qa.api import gate
-from qa.policy import default_policy, parse_policy
+from qa.files.policy import default_policy, parse_policy
 from qa.report.gather import gather, read_arm_engines, read_kv, resolve_verdict
 from qa.report.notes import engine_notes
-from qa.rundir import RunDir
+from qa.files.rundir import RunDir
 from quant.inspect import InspectReport
 from tests.qa.gate_fixtures import make_run_dir
 from tests.qa.report.conftest import PROMPTS, TOKENS, write_kv

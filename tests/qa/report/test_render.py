@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from qa.api import gate
-from qa.policy import default_policy, parse_policy
+from qa.files.policy import default_policy, parse_policy
 from qa.report import render
 from quant.inspect import InspectReport
 from tests.qa.gate_fixtures import (

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from qa.comparison import McNemar
+from qa.files.comparison import McNemar
 from qa.gate.rules import decide
-from qa.policy import default_policy
+from qa.files.policy import default_policy
 from qa.report.rows import db, kv_rows, layer_ranges, table_row
 from quant.inspect import InspectReport, KindStats, LayerReport
 from quant.kv_spec import KVQuantSpec

@@ -11,7 +11,7 @@ import pytest
 
 from evals.records import write_records
 from qa.api import compare, gate
-from qa.policy import default_policy
+from qa.files.policy import default_policy
 from qa.report import render
 from qa.report.gather import gather
 from qa.report.notes import truncation_notes

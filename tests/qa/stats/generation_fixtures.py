@@ -1,4 +1,4 @@
-"""Generative records with truncation and output lengths, and their real comparison (qa.analyze), for
+"""Generative records with truncation and output lengths, and their real comparison (qa.compare.arms), for
 the statistics, gate and report tests of truncation."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from evals.records import SampleRecord
-from qa.analyze import Arm, compare_arms
-from qa.comparison import Comparison, StatsSettings
+from qa.compare.arms import Arm, compare_arms
+from qa.files.comparison import Comparison, StatsSettings
 
 STRICT, FLEXIBLE = "exact_match,strict-match", "exact_match,flexible-extract"
 

@@ -1,4 +1,4 @@
-"""qa.stats.cache_path on hand-made sessions records: identical-output rates, first divergence, KL(cold ||
+"""qa.compare.cache_path on hand-made sessions records: identical-output rates, first divergence, KL(cold ||
 warm), flips, hit rates per turn depth, the shuffled A/A floor, the candidate-vs-baseline statistics
 (checked against hand-computed values, scipy and statsmodels) and the cold-only per-task estimates."""
 
@@ -12,10 +12,10 @@ import statsmodels.api as sm
 from scipy import stats as sps
 
 from evals.records import write_records
-from qa.analyze import Arm, compare_arms, load_arm
-from qa.comparison import StatsSettings
+from qa.compare.arms import Arm, compare_arms, load_arm
+from qa.files.comparison import StatsSettings
 from qa.errors import PairingError
-from qa.stats.cache_path import cache_path_estimates, first_divergence, hit_rate, standard_records
+from qa.compare.cache_path import cache_path_estimates, first_divergence, hit_rate, standard_records
 from tests.qa.cache_path_fixtures import KEY, Served, arm_records, record, same_everywhere
 
 SETTINGS = StatsSettings(bootstrap_n=0)

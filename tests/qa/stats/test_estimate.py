@@ -1,4 +1,4 @@
-"""qa.stats.estimate: numbers for one (task, metric, filter) against scipy / statsmodels."""
+"""qa.compare.estimate: numbers for one (task, metric, filter) against scipy / statsmodels."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import ttost_paired
 
-from qa.pairing import pair_records
-from qa.stats.estimate import adjust_multiplicity, excess_flips, holm
+from qa.compare.pairing import pair_records
+from qa.compare.estimate import adjust_multiplicity, excess_flips, holm
 from qa.stats.intervals import p_above, p_below
 from qa.stats.paired_tests import tango_interval, tango_statistic
 from tests.qa.stats_fixtures import continuous, est_of, recs

@@ -1,4 +1,4 @@
-"""qa.stats.generation: per-arm truncation rates with Wilson (effective-n) intervals, mean output
+"""qa.compare.generation: per-arm truncation rates with Wilson (effective-n) intervals, mean output
 tokens, and the paired changes, checked against statsmodels / scipy and hand-computed values."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from scipy import stats as sps
 from statsmodels.stats.proportion import proportion_confint
 
-from qa.comparison import Comparison, load_comparison, save_comparison
-from qa.stats.generation import rate_interval
+from qa.files.comparison import Comparison, load_comparison, save_comparison
+from qa.compare.generation import rate_interval
 from qa.stats.paired_tests import tango_interval
 from tests.qa.stats.generation_fixtures import flags, gen_comparison, gen_records
 

@@ -11,10 +11,10 @@ import pytest
 import statsmodels.api as sm
 
 from evals.records import SampleRecord, TokenLogprobs
-from qa.analyze import Arm, compare_arms
-from qa.comparison import StatsSettings
-from qa.pairing import pair_records
-from qa.stats.reference import REFERENCE_ERROR_KEY, reference_estimate
+from qa.compare.arms import Arm, compare_arms
+from qa.files.comparison import StatsSettings
+from qa.compare.pairing import pair_records
+from qa.compare.reference import REFERENCE_ERROR_KEY, reference_estimate
 
 LN = math.log
 

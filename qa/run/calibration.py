@@ -16,8 +16,8 @@ from quant.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_t
 from quant.scales import KVScales
 
 if TYPE_CHECKING:
-    from qa.rundir import RunDir
-    from qa.spec import RunSpec
+    from qa.files.rundir import RunDir
+    from qa.files.spec import RunSpec
 
 CALIBRATION_SETS = ("wikitext2", "gsm8k")  # named sets; anything else is a .txt / .jsonl path
 

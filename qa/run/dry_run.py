@@ -20,9 +20,9 @@ from evals.engines.vllm_check import ArmCheck, check_with_vllm
 from evals.env import redact_env
 from evals.errors import EngineError, EvalError
 from evals.tasks.base import Item, Task
-from qa.arm_inputs import resolved_engine_args, task_options
-from qa.rundir import RunDir
-from qa.spec import ArmRole, RunSpec
+from qa.run.arm_inputs import resolved_engine_args, task_options
+from qa.files.rundir import RunDir
+from qa.files.spec import ArmRole, RunSpec
 
 PORT_SHOWN = "<free port>"  # a server's port is picked when it starts
 
@@ -143,7 +143,7 @@ def vllm_python_or_none() -> str | None:
 def server_command(spec: RunSpec, role: ArmRole) -> list[str]:
     """An arm's server command line as `qa run` would start it (the port shown as PORT_SHOWN)."""
     from evals.servers import VllmServerSpec, llamacpp_command, vllm_server_command
-    from qa.arm_server import server_spec
+    from qa.run.servers import server_spec
 
     server = spec.arms[role].server
     if server is not None and server.kind == "vllm":

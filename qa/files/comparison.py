@@ -1,7 +1,7 @@
 """The comparison.json contract: one `Estimate` per (task, metric, filter), one
 `DistributionEstimate` per distribution statistic, written by `qa compare`, read by `qa gate`
 and `qa report`. The models every section shares (Interval, Estimate, DistributionEstimate, ...) live
-in `qa.estimates` and are re-exported here; this module holds the sections built on them (cache path,
+in `qa.files.estimates` and are re-exported here; this module holds the sections built on them (cache path,
 sequential looks, reference answers), the `Comparison` itself and its file I/O.
 
 Sign convention everywhere: delta = candidate - baseline (negative = the candidate is worse).
@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from qa.errors import QAError
-from qa.estimates import (
+from qa.files.estimates import (
     COMPARISON_SCHEMA_VERSION,
     SIGN_CONVENTION,
     Agreement,
@@ -42,7 +42,7 @@ from qa.estimates import (
 from quant.fileio import atomic_write_text
 from quant.validation import first_error
 
-__all__ = [  # this module's sections and I/O, and the shared models of qa.estimates (re-exported)
+__all__ = [  # this module's sections and I/O, and the shared models of qa.files.estimates (re-exported)
     "COMPARISON_SCHEMA_VERSION",
     "SIGN_CONVENTION",
     "Agreement",
@@ -77,7 +77,7 @@ __all__ = [  # this module's sections and I/O, and the shared models of qa.estim
 
 
 class CacheTurn(Frozen):
-    """One turn depth (1 = a session's first turn) of one arm's warm-vs-cold pairs (qa.stats.cache_path)."""
+    """One turn depth (1 = a session's first turn) of one arm's warm-vs-cold pairs (qa.compare.cache_path)."""
 
     turn: int
     n: int  # (session, repeat) pairs served cold and warm at this depth
@@ -190,7 +190,7 @@ class ReferenceStat(Frozen):
 
 
 class ReferenceEstimate(Frozen):
-    """The reference-answer signal of one task (qa.stats.reference): per item (repeats averaged first) the
+    """The reference-answer signal of one task (qa.compare.reference): per item (repeats averaged first) the
     change in mean log-prob of its reference tokens (candidate - baseline, nats/token) and the mean
     KL(baseline || candidate) over them. n = 0 with `unavailable`: an arm's engine gave no log-probs."""
 
@@ -261,7 +261,7 @@ def load_comparison(path: Path) -> Comparison:
     except json.JSONDecodeError as exc:
         raise QAError(f"{path}: not valid JSON ({exc.msg}); re-run `qa compare`") from None
     if isinstance(data, dict) and data.get("schema_version") == 1:
-        from qa.comparison_v1 import migrate_v1
+        from qa.files.comparison_v1 import migrate_v1
 
         data = migrate_v1(data)
     if not isinstance(data, dict) or data.get("schema_version") != COMPARISON_SCHEMA_VERSION:

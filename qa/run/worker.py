@@ -1,11 +1,11 @@
 """Child process of `qa run`: one arm, the calibration step, or the KV-cache inspection of a run.
 
-    python -m qa.worker RUN_DIR {ARM_NAME|calibrate|kv-inspect} [--data-dir DIR] [--serve]
+    python -m qa.run.worker RUN_DIR {ARM_NAME|calibrate|kv-inspect} [--data-dir DIR] [--serve]
 
 Reads only RUN_DIR/spec.toml (and calibration/ when it exists); writes only its own part:
 records/<arm>/, calibration/, or the kv_inspect.json of each emulated-cache candidate that has none
 (RunDir.kv_inspect, in candidates/<name>/ when the run has several). `--serve` keeps an arm's engine and
-runs the blocks of a sequential run sent on stdin (qa.sequential_run). User errors: one line, exit 2.
+runs the blocks of a sequential run sent on stdin (qa.run.sequential). User errors: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 from qa.errors import USER_ERRORS, SpecError
 from qa.logs import quiet_third_party_logs
-from qa.rundir import RunDir
-from qa.spec import RunSpec
+from qa.files.rundir import RunDir
+from qa.files.spec import RunSpec
 
 STEPS = ("calibrate", "kv-inspect")  # every other role is an arm name of the spec
 INSPECT_PROMPTS, INSPECT_TOKENS = 4, 256  # WikiText-2 prompts x tokens the KV inspection reads
@@ -27,8 +27,8 @@ INSPECT_PROMPTS, INSPECT_TOKENS = 4, 256  # WikiText-2 prompts x tokens the KV i
 def run_spec_arm(spec: RunSpec, rd: RunDir, role: str, data_dir: Path | None) -> None:
     """Build the arm's engine once and run every task of the spec into records/<role>/."""
     from evals.arm import run_arm
-    from qa.arm_inputs import arm_config, arm_tasks
-    from qa.arm_server import arm_server
+    from qa.run.arm_inputs import arm_config, arm_tasks
+    from qa.run.servers import arm_server
 
     with arm_server(spec, role, rd) as base_url:
         run_arm(arm_config(spec, role, rd, data_dir, base_url=base_url), arm_tasks(spec), rd.root)
@@ -36,7 +36,7 @@ def run_spec_arm(spec: RunSpec, rd: RunDir, role: str, data_dir: Path | None) ->
 
 def calibrated_arm(spec: RunSpec) -> str:
     """The candidate whose model, device and dtype [calibration] runs with: the first with static scales."""
-    from qa.arm_inputs import static_scales_candidates
+    from qa.run.arm_inputs import static_scales_candidates
 
     return (static_scales_candidates(spec) or spec.candidates)[0]
 
@@ -44,7 +44,7 @@ def calibrated_arm(spec: RunSpec) -> str:
 def calibrate_candidate(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> None:
     """Calibrate the candidate model's KV scales as the spec's [calibration] asks, into calibration/."""
     from evals.engines.hf.args import HFEngineArgs
-    from qa.calibration import calibrate_model
+    from qa.run.calibration import calibrate_model
     from quant.calibrate import CalibrationSpec
 
     cal = spec.calibration
@@ -62,7 +62,7 @@ def calibrate_candidate(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> Non
 
 def inspected_dirs(spec: RunSpec, rd: RunDir) -> dict[str, RunDir]:
     """Each emulated-cache candidate and the folder its kv_inspect.json goes in."""
-    from qa.arm_inputs import emulated_kv
+    from qa.run.arm_inputs import emulated_kv
 
     return {n: rd.candidate(n) if spec.per_candidate_dirs else rd for n in spec.candidates
             if emulated_kv(spec, n) is not None}
@@ -83,8 +83,8 @@ def inspect_candidate(spec: RunSpec, rd: RunDir, data_dir: Path | None, name: st
     from evals.engines.hf import read_scales
     from evals.engines.hf.args import HFEngineArgs
     from evals.models import load_model, resolve_model
-    from qa.arm_inputs import emulated_kv, resolved_engine_args
-    from qa.calibration import load_prompts
+    from qa.run.arm_inputs import emulated_kv, resolved_engine_args
+    from qa.run.calibration import load_prompts
     from quant.inspect import inspect_kv, save_inspect
 
     kv_spec = emulated_kv(spec, name)
@@ -100,7 +100,7 @@ def inspect_candidate(spec: RunSpec, rd: RunDir, data_dir: Path | None, name: st
 
 def main(argv: list[str] | None = None) -> int:
     """Parse RUN_DIR ROLE [--data-dir], do that one step; 2 on a user error."""
-    parser = argparse.ArgumentParser(prog="qa.worker")
+    parser = argparse.ArgumentParser(prog="qa.run.worker")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("role", help="an arm name of the spec, or " + " / ".join(STEPS))
     parser.add_argument("--data-dir", type=Path, default=None)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.role not in spec.arms:
             raise SpecError(f"the spec has no arm {args.role!r}")
         elif args.serve:
-            from qa.sequential_run import serve_arm
+            from qa.run.sequential import serve_arm
 
             serve_arm(spec, rd, args.role, args.data_dir)
         else:

@@ -7,7 +7,7 @@
     <run>/logs/<arm>-server.log     the log of a server `qa run` started for an arm
     <run>/logs/sequential.jsonl     a sequential run's worker starts and blocks
     <run>/kv_inspect.json           per-layer KV distortion of an emulated-cache candidate
-    <run>/comparison.json           numbers (qa.comparison), <run>/verdict.json the gate's decision
+    <run>/comparison.json           numbers (qa.files.comparison), <run>/verdict.json the gate's decision
     <run>/report.md, report.html, plots/
 
 A run whose candidates are not exactly one arm named "candidate" keeps each candidate's
@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from qa.comparison import Comparison, load_comparison, save_comparison
+from qa.files.comparison import Comparison, load_comparison, save_comparison
 from qa.errors import SpecError
-from qa.gate.verdict import (
+from qa.files.verdict import (
     RunVerdict,
     Verdict,
     load_run_verdict,
@@ -34,7 +34,7 @@ from qa.gate.verdict import (
     save_run_verdict,
     save_verdict,
 )
-from qa.spec import RunSpec, dump_spec, parse_spec
+from qa.files.spec import RunSpec, dump_spec, parse_spec
 from quant.fileio import atomic_write_text, sha256_file
 
 SPEC_FILE = "spec.toml"
@@ -96,7 +96,7 @@ class RunDir:
 
     @property
     def sequential_log(self) -> Path:
-        """logs/sequential.jsonl: every worker start and block of a sequential run (qa.sequential_run)."""
+        """logs/sequential.jsonl: every worker start and block of a sequential run (qa.run.sequential)."""
         return self.top / "logs" / "sequential.jsonl"
 
     @property

@@ -2,7 +2,7 @@
 mean output tokens, and the paired changes (one `GenerationEstimate` per task; numbers only).
 
 A sample is truncated when it reached max_tokens before its final answer (`SampleRecord.truncated`,
-None when not recorded). The paired changes reuse the accuracy machinery (`qa.stats.estimate`) on
+None when not recorded). The paired changes reuse the accuracy machinery (`qa.compare.estimate`) on
 the per-sample values 1.0 / 0.0 (truncated) and the token counts, so their intervals, methods and
 re-gating at another alpha are the same as for accuracy.
 
@@ -19,10 +19,10 @@ from typing import Literal
 import numpy as np
 from statsmodels.stats.proportion import proportion_confint
 
-from qa.comparison import ArmGeneration, Estimate, GenerationEstimate, Interval, StatsSettings
-from qa.pairing import PairedMetric, PairedTask, paired_generation
+from qa.files.comparison import ArmGeneration, Estimate, GenerationEstimate, Interval, StatsSettings
+from qa.compare.pairing import PairedMetric, PairedTask, paired_generation
 from qa.stats.basic import cluster_mean_se, wilson
-from qa.stats.estimate import estimate
+from qa.compare.estimate import estimate
 
 
 def rate_interval(values: np.ndarray, clusters: np.ndarray, conf: float = 0.95) -> Interval:

@@ -14,7 +14,7 @@ import math
 from pydantic import BaseModel, ConfigDict, Field
 from scipy import stats
 
-from qa.comparison import Estimate
+from qa.files.comparison import Estimate
 from qa.stats.power import items_needed, repeats_needed
 
 

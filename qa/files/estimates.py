@@ -1,6 +1,6 @@
 """The numbers of comparison.json that every section shares: intervals, tests, flips, agreement, the
 per-(task, metric, filter) `Estimate` and the per-statistic `DistributionEstimate`, and the settings they
-were computed with. `qa.comparison` builds the file's sections on them (and re-exports them).
+were computed with. `qa.files.comparison` builds the file's sections on them (and re-exports them).
 
 Sign convention everywhere: delta = candidate - baseline (negative = the candidate is worse).
 Numbers that are undefined for the data at hand (an SE with n < 2, rho with a constant arm) are

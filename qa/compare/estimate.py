@@ -11,8 +11,8 @@ import numpy as np
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from qa.comparison import Agreement, CIMethod, Estimate, ExcessFlips, Multiplicity, StatsSettings
-from qa.pairing import PairedMetric, PairedTask, paired_metric
+from qa.files.comparison import Agreement, CIMethod, Estimate, ExcessFlips, Multiplicity, StatsSettings
+from qa.compare.pairing import PairedMetric, PairedTask, paired_metric
 from qa.stats.basic import cluster_mean_se, flips, share, wilson
 from qa.stats.bootstrap import bootstrap_delta
 from qa.stats.intervals import delta_interval, is_degenerate, p_two_sided

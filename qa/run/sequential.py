@@ -1,10 +1,10 @@
 """Sequential looks in `qa run`: for a policy with looks, every arm's worker stays alive for the whole
-run (`python -m qa.worker RUN_DIR ARM --serve`: one engine, and one local server, per arm), the arms run
+run (`python -m qa.run.worker RUN_DIR ARM --serve`: one engine, and one local server, per arm), the arms run
 the same items in blocks in the seeded item order, and the gate looks after each block.
 
 Block k of a task is the items [n_{k-1}, n_k) of its selection ranked by `evals.sampling.select_items`
 (the first n_k items are `select_items(selection, n_k, seed)`; n_k from `qa.stats.sequential.look_sizes`).
-At look k each candidate is compared with the baseline on the records of the first n_k items (qa.analyze,
+At look k each candidate is compared with the baseline on the records of the first n_k items (qa.compare.arms,
 the rerun arm filtered the same way) and `qa.gate.sequential.look_decision` decides: a task that passed
 or failed stops for that candidate (its later blocks are not run), the others go on; the baseline and the
 rerun run a block while any candidate still needs it; a reused baseline (`from`) runs nothing. Each
@@ -36,12 +36,12 @@ from typing import Any
 
 from evals.sampling import select_items
 from evals.tasks.base import Item
-from qa.analyze import Arm, compare_arms, load_arm
-from qa.comparison import Comparison, Estimate, SequentialLook, SequentialTask, StatsSettings
+from qa.compare.arms import Arm, compare_arms, load_arm
+from qa.files.comparison import Comparison, Estimate, SequentialLook, SequentialTask, StatsSettings
 from qa.errors import USER_ERRORS, QAError
-from qa.policy import Policy, TaskPolicy
-from qa.rundir import RunDir
-from qa.spec import RunSpec
+from qa.files.policy import Policy, TaskPolicy
+from qa.files.rundir import RunDir
+from qa.files.spec import RunSpec
 
 CLOSE_TIMEOUT_S = 120.0  # a worker asked to close gets this long to close its engine and server
 RESUME_HINT = "finished samples are kept: re-run the same command to resume"
@@ -75,7 +75,7 @@ def is_sequential(spec: RunSpec, policy: Policy) -> bool:
 def plan_tasks(spec: RunSpec, policy: Policy, data_dir: Path | None) -> dict[str, TaskPlan]:
     """Each task whose policy has looks, with its selection and look sizes (QAError: too few items)."""
     from evals.tasks import get_task
-    from qa.arm_inputs import task_options
+    from qa.run.arm_inputs import task_options
     from qa.stats.sequential import Design, look_sizes
 
     plans: dict[str, TaskPlan] = {}
@@ -91,10 +91,10 @@ def plan_tasks(spec: RunSpec, policy: Policy, data_dir: Path | None) -> dict[str
 
 
 def serve_arm(spec: RunSpec, rd: RunDir, role: str, data_dir: Path | None) -> None:
-    """`qa.worker --serve`: build the arm's engine (and its server) once, then run one block per command."""
+    """`qa.run.worker --serve`: build the arm's engine (and its server) once, then run one block per command."""
     from evals.arm import open_arm
-    from qa.arm_inputs import arm_config, arm_tasks
-    from qa.arm_server import arm_server
+    from qa.run.arm_inputs import arm_config, arm_tasks
+    from qa.run.servers import arm_server
 
     sys.stdout.flush()
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
@@ -174,7 +174,7 @@ def log_event(rd: RunDir, **event: Any) -> None:
 @contextmanager
 def serving(spec: RunSpec, rd: RunDir, roles: Sequence[str], data_dir: Path | None) -> Iterator[dict[str, ArmWorker]]:
     """Start every arm's serving worker (all alive together), wait until each engine is built; close after."""
-    from qa.processes import start_arm_worker
+    from qa.run.processes import start_arm_worker
 
     workers: dict[str, ArmWorker] = {}
     try:
@@ -197,7 +197,7 @@ def filtered_arm(path: Path, keep: Mapping[str, frozenset[str] | None]) -> Arm:
 
 def compare_items(spec: RunSpec, rd: RunDir, candidate: str, keep: Mapping[str, frozenset[str] | None]) -> Comparison:
     """The comparison of `candidate` with the baseline (and the rerun) on the items in `keep` only."""
-    from qa.pipeline import arm_source
+    from qa.run.pipeline import arm_source
 
     rerun = filtered_arm(arm_source(spec, "rerun", rd), keep) if "rerun" in spec.arms else None
     return compare_arms(filtered_arm(arm_source(spec, "baseline", rd), keep),
@@ -225,9 +225,9 @@ def look_line(candidate: str, plan: TaskPlan, look: SequentialLook) -> str:
 def run_sequential(spec: RunSpec, rd: RunDir, data_dir: Path | None, policy: Policy, *,
                    reused: bool = False) -> dict[str, Comparison]:
     """Run the arms in blocks with a look after each (module doc); write each candidate's comparison.json
-    (in `qa.pipeline.candidate_dir`) with its looks, and return them by candidate."""
+    (in `qa.run.pipeline.candidate_dir`) with its looks, and return them by candidate."""
     from qa.gate.sequential import look_decision, sequential_task
-    from qa.pipeline import candidate_dir
+    from qa.run.pipeline import candidate_dir
 
     plans = plan_tasks(spec, policy, data_dir)  # refused before any engine starts
     roles = [r for r, a in spec.arms.items() if a.engine != "lmeval" and not (reused and r == "baseline")]

@@ -10,8 +10,8 @@ from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.hf.args import HFEngineArgs
 from evals.tasks.base import DEFAULT_THINK_TAGS, TaskOptions
-from qa.rundir import RunDir
-from qa.spec import ArmRole, ChatSettings, RunSpec, TaskSpec
+from qa.files.rundir import RunDir
+from qa.files.spec import ArmRole, ChatSettings, RunSpec, TaskSpec
 from quant.kv_spec import KVQuantSpec
 
 
@@ -40,7 +40,7 @@ def arm_tasks(spec: RunSpec) -> list[ArmTask]:
 def arm_config(spec: RunSpec, role: ArmRole, rd: RunDir | None, data_dir: Path | None, *,
                base_url: str | None = None) -> ArmConfig:
     """The evals ArmConfig of an arm: its model, engine, resolved engine arguments, server and seed."""
-    from qa.calibration import calibrated_vllm_model
+    from qa.run.calibration import calibrated_vllm_model
 
     arm = spec.arms[role]
     # a vllm candidate fed by [calibration] serves the exported folder that carries the calibrated scales

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from evals.engines.base import GenerateRequest
-from qa.comparison import ReferenceEstimate
+from qa.files.comparison import ReferenceEstimate
 from qa.errors import PolicyError, QAError
-from qa.policy import Policy, TaskPolicy
-from qa.spec import RunSpec
+from qa.files.policy import Policy, TaskPolicy
+from qa.files.spec import RunSpec
 from qa.stats.intervals import degenerate_interval
 from qa.stats.power import items_needed, z_total
 from qa.textfmt import pts
@@ -52,7 +52,7 @@ class Prior:
 
 @dataclass(frozen=True)
 class ReferencePrior:
-    """The reference-answer signal of one task in an earlier run (qa.stats.reference), per item, nats/token:
+    """The reference-answer signal of one task in an earlier run (qa.compare.reference), per item, nats/token:
     the sd of the change in mean log-prob, the mean KL and its sd (sd = SE * sqrt(n))."""
 
     n: int
@@ -161,11 +161,11 @@ def default_prior(defaults: dict[str, float], repeats: int, sampled: bool) -> Pr
     if not sampled:
         f = defaults["flip_rate"]
         return Prior(sd=math.sqrt(f), source=f"default: greedy, flip rate {f:g}")
-    from qa.sample_size import sample_size_plan
+    from qa.plan.sample_size import sample_size_plan
 
     p, rho, w = defaults["accuracy"], defaults["rho"], defaults["within_share"]
     per_sample = sample_size_plan("-", 0.02, accuracy=p, rho=rho).sd_diff
-    sd = per_sample * math.sqrt(1 - w + w / repeats)  # qa.sample_size's model of K repeats
+    sd = per_sample * math.sqrt(1 - w + w / repeats)  # qa.plan.sample_size's model of K repeats
     return Prior(sd=sd, repeats=repeats,
                  source=f"default: sampled, accuracy {p:g}, rho {rho:g}, within share {w:g}, {repeats} repeats")
 
@@ -191,7 +191,7 @@ def parse_prior_options(values: Sequence[str]) -> dict[str, float]:
 def run_priors(run_dir: Path, model: str, policy: Policy, tasks: Sequence[str]) -> dict[str, Prior]:
     """Priors from an earlier run of the same model: each task's gated estimate in RUN_DIR/comparison.json
     (RUN_DIR may be a run root or a candidates/<name>/ folder of a several-candidate run)."""
-    from qa.comparison import load_comparison
+    from qa.files.comparison import load_comparison
     from qa.gate.rules import no_information, select_estimate
 
     if not (run_dir / "comparison.json").is_file():
@@ -314,7 +314,7 @@ def plan_run(counts: Sequence[TaskCount], policy: Policy, model: str, options: P
 def task_counts(spec: RunSpec, data_dir: Path | None) -> list[TaskCount]:
     """Each spec task's items (after its limit, from the task's own item list: no engine) and repeats."""
     from evals.tasks import get_task
-    from qa.arm_inputs import task_options
+    from qa.run.arm_inputs import task_options
 
     out = []
     for t in spec.tasks:
@@ -332,7 +332,7 @@ def task_counts(spec: RunSpec, data_dir: Path | None) -> list[TaskCount]:
 def plan_for_spec(spec: RunSpec, data_dir: Path | None, spec_dir: Path | None,
                   options: PlanOptions | None = None) -> RunPlan:
     """The plan of a RunSpec under the policy it names (resolved relative to `spec_dir`)."""
-    from qa.policy import resolve_policy
+    from qa.files.policy import resolve_policy
 
     return plan_run(task_counts(spec, data_dir), resolve_policy(spec.policy, spec_dir), spec.model, options)
 

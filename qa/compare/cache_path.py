@@ -7,12 +7,12 @@ each unit is served cold (no reusable prefix), warm (right after its prefix), an
 "shuffled" (the cold prompts in another order and batch size: the batch-history A/A floor).
 
 Per arm, warm against its own cold path: identical completions (Wilson interval on the effective n,
-clustered by session, as `qa.stats.generation.rate_interval`), the first divergence as a character
-offset into the completion, KL(cold || warm) per token on the continuation (`qa.distribution`, CR1 by
+clustered by session, as `qa.compare.generation.rate_interval`), the first divergence as a character
+offset into the completion, KL(cold || warm) per token on the continuation (`qa.compare.distribution`, CR1 by
 session), score flips, the prefix-cache hit rate the engine reported (cached / prompt tokens), per turn
 depth. Across arms: the candidate's warm-vs-cold KL minus the baseline's (CR1 by session), the
-excess-flip sign test (`qa.stats.estimate.flip_excess`, the baseline's warm-vs-cold flips as the floor),
-and accuracy of the candidate's warm path against the baseline's cold path (`qa.stats.estimate`).
+excess-flip sign test (`qa.compare.estimate.flip_excess`, the baseline's warm-vs-cold flips as the floor),
+and accuracy of the candidate's warm path against the baseline's cold path (`qa.compare.estimate`).
 The standard per-task estimates of such a task use the cold path only (`standard_records`).
 """
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from evals.records import SampleRecord
-from qa.comparison import (
+from qa.files.comparison import (
     AgreementShare,
     CacheArm,
     CacheFloor,
@@ -38,12 +38,12 @@ from qa.comparison import (
     Flips,
     StatsSettings,
 )
-from qa.distribution import distribution_estimates, token_stats
+from qa.compare.distribution import distribution_estimates, token_stats
 from qa.errors import PairingError
-from qa.pairing import PairedTask, pair_records, paired_metric, score_keys
+from qa.compare.pairing import PairedTask, pair_records, paired_metric, score_keys
 from qa.stats.basic import cluster_mean_se, flips, t_interval
-from qa.stats.estimate import estimate, flip_excess
-from qa.stats.generation import rate_interval
+from qa.compare.estimate import estimate, flip_excess
+from qa.compare.generation import rate_interval
 
 PATHS = ("cold", "warm", "shuffled")
 Unit = tuple[str, int, int]  # (session, turn, repeat)

@@ -4,7 +4,7 @@ inspection (emulated-cache candidates) -> compare -> gate -> report, once per ca
 root for a run whose one candidate is named "candidate", else in candidates/<name>/ plus the
 run-level verdict.json, junit.xml, summary.md and matrix report (qa.api.gate_candidates).
 
-Stages talk through the run directory only (`qa.rundir.RunDir`): an arm process writes
+Stages talk through the run directory only (`qa.files.rundir.RunDir`): an arm process writes
 records/<arm>/*.jsonl, compare reads them and writes comparison.json, the gate writes verdict.json,
 the report reads the folder. Every stage can be resumed or re-run alone; a killed run restarted with
 the same command skips the samples it already finished.
@@ -17,14 +17,14 @@ from pathlib import Path
 from evals.arm import ArmManifest
 from evals.arm_reuse import copy_reused
 from evals.errors import EvalError
-from qa.arm_inputs import emulated_kv, resolved_engine_args
-from qa.comparison import Comparison, StatsSettings
+from qa.run.arm_inputs import emulated_kv, resolved_engine_args
+from qa.files.comparison import Comparison, StatsSettings
 from qa.errors import SpecError
-from qa.gate.verdict import RunVerdict, Verdict
-from qa.plan import PlanOptions, announce_plan
-from qa.processes import calibrate_step, kv_inspect_step, run_arm_process
-from qa.rundir import RunDir, prepare_run_dir
-from qa.spec import ArmRole, RunSpec
+from qa.files.verdict import RunVerdict, Verdict
+from qa.plan.power import PlanOptions, announce_plan
+from qa.run.processes import calibrate_step, kv_inspect_step, run_arm_process
+from qa.files.rundir import RunDir, prepare_run_dir
+from qa.files.spec import ArmRole, RunSpec
 
 
 def resolve_data_dir(spec: RunSpec, override: Path | None) -> Path | None:
@@ -65,9 +65,9 @@ def preflight(spec: RunSpec, rd: RunDir, data_dir: Path | None, spec_dir: Path |
     """Check everything a run names before any work (policy, tasks and their data, models, KV and
     engine arguments, calibration format), so a mistake is one error line, not an arm crash later."""
     from evals.models import resolve_model
-    from qa.arm_server import server_spec
-    from qa.dry_run import dry_run
-    from qa.policy import resolve_policy
+    from qa.run.servers import server_spec
+    from qa.run.dry_run import dry_run
+    from qa.files.policy import resolve_policy
     from quant.formats import get_format
     from quant.scales import scales_paths
 
@@ -109,7 +109,7 @@ def gate_and_report(spec: RunSpec, rd: RunDir, spec_dir: Path | None) -> Verdict
     """Gate each candidate's comparison.json under the spec's policy (verdict.json), then write the
     reports; a several-candidate run also gets its run-level verdict and matrix report."""
     from qa.api import gate, gate_candidates, report, report_candidates
-    from qa.policy import resolve_policy
+    from qa.files.policy import resolve_policy
 
     policy = resolve_policy(spec.policy, spec_dir)
     if not spec.per_candidate_dirs:
@@ -126,7 +126,7 @@ def check_reused_baseline(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> A
     checked manifest of its records to copy (evals.arm_reuse; RecordError naming the first mismatch),
     else None. Writes nothing."""
     from evals.arm_reuse import check_reuse
-    from qa.arm_inputs import arm_config, arm_tasks
+    from qa.run.arm_inputs import arm_config, arm_tasks
 
     source = spec.arms["baseline"].from_run
     if source is None:
@@ -137,7 +137,7 @@ def check_reused_baseline(spec: RunSpec, rd: RunDir, data_dir: Path | None) -> A
 def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path | None,
         plan: PlanOptions | None = None) -> Verdict | RunVerdict:
     """The whole pipeline into `run_dir` (resuming a run of the same spec); the power plan is printed
-    (qa.plan, with `plan`'s priors; PlanError under its strict flag) before anything is written."""
+    (qa.plan.power, with `plan`'s priors; PlanError under its strict flag) before anything is written."""
     if not spec.tasks and any(a.engine != "lmeval" for a in spec.arms.values()):
         raise SpecError("the spec names no tasks")
     rd = prepare_run_dir(spec, run_dir, check_only=True)
@@ -151,8 +151,8 @@ def run(spec: RunSpec, run_dir: Path, *, data_dir: Path | None, spec_dir: Path |
         calibrate_step(run_dir, data_dir)
     if reused is not None:
         copy_reused(reused, rd.root)  # no baseline engine starts; a resumed run checks and copies again
-    from qa.policy import resolve_policy
-    from qa.sequential_run import is_sequential, run_sequential
+    from qa.files.policy import resolve_policy
+    from qa.run.sequential import is_sequential, run_sequential
 
     policy = resolve_policy(spec.policy, spec_dir)
     sequential = is_sequential(spec, policy)

@@ -8,9 +8,9 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from qa.comparison import Interval
+from qa.files.comparison import Interval
 from qa.errors import QAError
-from qa.policy import Policy
+from qa.files.policy import Policy
 from quant.fileio import atomic_write_text
 
 VERDICT_SCHEMA_VERSION = 1

@@ -1,5 +1,5 @@
 """Child processes of `qa run`: each arm, the calibration step and the KV inspection run in their own
-process (`python -m qa.worker RUN_DIR ROLE`), so that engines never share memory, threads or global
+process (`python -m qa.run.worker RUN_DIR ROLE`), so that engines never share memory, threads or global
 state, and so that a vLLM arm can use its own interpreter. A child dies with its parent (Linux)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from qa.errors import QAError
-from qa.rundir import RunDir
-from qa.spec import RunSpec
+from qa.files.rundir import RunDir
+from qa.files.spec import RunSpec
 
-WORKER_MODULE = "qa.worker"
+WORKER_MODULE = "qa.run.worker"
 OFFLINE_DEFAULTS = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}  # a run never downloads unless asked
 
 
@@ -44,7 +44,7 @@ def arm_python(engine: str) -> str:
 
 def worker_command(run_dir: Path, role: str, python: str, data_dir: Path | None,
                    env: Mapping[str, str] | None = None, *, serve: bool = False) -> tuple[list[str], dict[str, str]]:
-    """`python -m qa.worker RUN_DIR ROLE [--data-dir DIR] [--serve]` and its environment: `env` (an arm's
+    """`python -m qa.run.worker RUN_DIR ROLE [--data-dir DIR] [--serve]` and its environment: `env` (an arm's
     own variables) wins over this process's and reaches the arm's server too."""
     cmd = [python, "-m", WORKER_MODULE, str(run_dir), role]
     if data_dir is not None:
@@ -60,7 +60,7 @@ def run_worker(run_dir: Path, role: str, python: str, data_dir: Path | None,
 
 
 def start_arm_worker(run_dir: Path, role: str, spec: RunSpec, data_dir: Path | None) -> subprocess.Popen[str]:
-    """Start one arm's worker in serve mode (qa.sequential_run: JSON commands on its stdin, answers on its
+    """Start one arm's worker in serve mode (qa.run.sequential: JSON commands on its stdin, answers on its
     stdout); it dies with this process."""
     arm = spec.arms[role]  # type: ignore[index]
     cmd, child_env = worker_command(run_dir, role, arm_python(arm.engine), data_dir, arm.env, serve=True)

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from qa.rundir import RunDir
-from qa.spec import ArmRole, RunSpec, ServerSpec
+from qa.files.rundir import RunDir
+from qa.files.spec import ArmRole, RunSpec, ServerSpec
 
 
 def server_spec(spec: RunSpec, role: ArmRole, *, python: str | None = None,

@@ -6,10 +6,10 @@ Per (item, repeat) pair with the reference scored in both arms, over the T refer
   delta_logprob = mean_t (log p_cand(ref_t) - log p_base(ref_t))   nats/token; < 0: the candidate finds
                                                                    the right answer less likely
   kld           = mean_t KL(base_t || cand_t)                      nats/token, top-k + tail bucket
-                                                                   (qa.distribution.topk_kl, a lower bound)
+                                                                   (qa.compare.distribution.topk_kl, a lower bound)
 Repeats of an item are averaged first and one item is one unit (each item weighs the same, whatever
 its length); the mean over items has a CR1 SE over the items' cluster keys (an item without one is its
-own cluster, G - 1 df), as qa.distribution clusters by chunk. Numbers only: qa.gate.reference decides.
+own cluster, G - 1 df), as qa.compare.distribution clusters by chunk. Numbers only: qa.gate.reference decides.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from evals.records import SampleRecord
-from qa.comparison import ReferenceEstimate, ReferenceStat
-from qa.distribution import token_stats
+from qa.files.comparison import ReferenceEstimate, ReferenceStat
+from qa.compare.distribution import token_stats
 from qa.errors import PairingError
-from qa.pairing import PairedTask
+from qa.compare.pairing import PairedTask
 from qa.stats.basic import cluster_mean_se, t_interval
 
 REFERENCE_ERROR_KEY = "reference_error"  # evals.reference.META_KEY: the engine could not score it

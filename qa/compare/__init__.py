@@ -1,0 +1,1 @@
+"""Pair two arms' records and build the comparison's estimates from them (numbers, no decisions)."""
