@@ -3,7 +3,7 @@ exit code 2, no traceback, and a finished file planted in the output folder left
 
 Each case builds its inputs under tmp_path and runs `python -m qa.cli ...` in a subprocess; the
 cases run concurrently (each one mostly waits on imports). Cases that load no model stop before
-any work: `qa run` checks every name, file and argument of a spec up front (qa.pipeline.preflight).
+any work: `qa run` checks every name, file and argument of a spec up front (qa.run.pipeline.preflight).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _plant(out: Path, spec_text: str | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if spec_text is not None:
         from qa.errors import SpecError
-        from qa.spec import dump_spec, parse_spec
+        from qa.files.spec import dump_spec, parse_spec
 
         with contextlib.suppress(SpecError):  # an invalid spec never gets this far: no spec.toml planted
             (out / "spec.toml").write_text(dump_spec(parse_spec(spec_text)))

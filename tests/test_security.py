@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from qa.spec import parse_spec
+from qa.files.spec import parse_spec
 from tests.evals.engines.openai_api.fake_server import FakeServer
 from tests.shared_data import shared_data_dir
 
@@ -91,8 +91,8 @@ def test_trust_remote_code_reaches_transformers_only_when_the_spec_says_so(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec_says: bool | None) -> None:
     from evals.engines import build_engine
     from evals.models import resolve_model
-    from qa.arm_inputs import resolved_engine_args
-    from qa.rundir import RunDir
+    from qa.run.arm_inputs import resolved_engine_args
+    from qa.files.rundir import RunDir
 
     line = "" if spec_says is None else f"trust_remote_code = {str(spec_says).lower()}\n"
     spec = parse_spec(f'name = "t"\n{line}[arms.baseline]\n[arms.candidate]\n[[tasks]]\nname = "arc_easy"\n')
