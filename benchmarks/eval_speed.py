@@ -287,10 +287,10 @@ def _vllm_throughput(model_dir: str, prompts: list[str], max_tokens: int) -> tup
     from pathlib import Path
 
     from evals.errors import EvalError
-    from qa.run.processes import arm_python
+    from evals.servers import vllm_python
 
     try:
-        python = arm_python("vllm")
+        python = vllm_python()
     except EvalError as exc:
         raise RuntimeError(str(exc)) from None
     root = Path(__file__).resolve().parent.parent

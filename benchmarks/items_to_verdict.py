@@ -9,7 +9,7 @@ policy with `looks` and `spending` set) replayed over the same records in the se
 runner uses (the first n_k items at look k are `evals.sampling.select_items(selection, n_k, seed)`,
 n_k from `qa.stats.sequential.look_sizes`): at each look the arms are compared on those items only
 (qa.compare.arms.compare_arms) and `qa.gate.sequential.look_decision` decides; the task's sequential verdict
-is the gate's (`qa.gate.rules.decide`) on the comparison of the items used, with its looks recorded.
+is the gate's (`qa.gate.decide.decide`) on the comparison of the items used, with its looks recorded.
 
 Printed per (case, task, spending): both verdicts, the items each used and their ratio, and the wall-time
 share of the sequential run. Wall time is not in the records, so the share is estimated from them: the
@@ -40,12 +40,13 @@ sys.path.insert(0, str(ROOT))
 from evals.records import SampleRecord
 from evals.sampling import select_items
 from qa.compare.arms import Arm, compare_arms, load_arm
-from qa.files.comparison import Comparison, StatsSettings
 from qa.errors import USER_ERRORS, QAError
-from qa.gate.rules import decide, select_estimate
-from qa.gate.sequential import look_decision, sequential_task
-from qa.files.policy import Policy, TaskPolicy, resolve_policy
+from qa.files.comparison import Comparison, StatsSettings
+from qa.files.policy import Policy, TaskPolicy, load_policy
 from qa.files.rundir import RunDir
+from qa.gate.decide import decide
+from qa.gate.rules import select_estimate
+from qa.gate.sequential import look_decision, sequential_task
 from qa.stats.sequential import SPENDING, Design, look_sizes
 from quant.validation import did_you_mean
 
@@ -93,10 +94,10 @@ class Row:
 def load_cases(run: Path, policy_path: Path | None) -> list[Case]:
     """Every candidate of a finished run directory, with the baseline's records."""
     rd = RunDir(run)
-    if not rd.spec.is_file():
+    if not rd.spec_file.is_file():
         raise QAError(f"{run}: no spec.toml; pass the directory of a finished `qa run`")
     spec = rd.load_spec()
-    policy = resolve_policy(policy_path or spec.policy, relative_to=rd.top)
+    policy = load_policy(policy_path) if policy_path is not None else rd.recorded_policy()
     base_dir = rd.arm_records("baseline")
     if not base_dir.is_dir():
         raise QAError(f"{run}: no records/baseline/ (a reused baseline: pass the run directory that ran it)")
@@ -161,7 +162,7 @@ def replay_task(rp: Replay, task: str, spending: str, looks: tuple[float, ...]) 
     """Fixed n and sequential verdicts of one task of one case."""
     case = rp.case
     n_planned = len(rp.selection(task))
-    fixed = decide(rp.comparison(task, n_planned), case.policy).tasks[0]
+    fixed = decide(rp.comparison(task, n_planned), case.policy, None).tasks[0]
     seq_policy = sequential_policy(case.policy, looks, spending)
     tp, explicit = seq_policy.for_task(task), task in seq_policy.tasks
     sizes = look_sizes(Design(tp.looks, tp.alpha, tp.spending), n_planned)
@@ -173,7 +174,7 @@ def replay_task(rp: Replay, task: str, spending: str, looks: tuple[float, ...]) 
             break
     est = select_estimate(comp, task, tp, explicit)
     seq = sequential_task(est, tp, history, n_planned)
-    verdict = decide(comp.model_copy(update={"sequential": [seq]}), seq_policy).tasks[0]
+    verdict = decide(comp.model_copy(update={"sequential": [seq]}), seq_policy, None).tasks[0]
     used, everything = rp.first(task, n), rp.first(task, n_planned)
     share = sum(cost(a.records, used) for a in (case.baseline, case.candidate)) / sum(
         cost(a.records, everything) for a in (case.baseline, case.candidate))

@@ -83,7 +83,7 @@ def main() -> None:
     """Calibrate, inspect and measure perplexity for every scale choice; write results and table."""
     from evals import data
     from evals.models import load_model, resolve_model
-    from qa.run.calibration import load_prompts
+    from qa.pipeline.calibration import load_prompts
     from qa.report.plots import write_kv_plot
     from quant.calibrate import CalibrationSpec, calibrate
     from quant.inspect import inspect_kv, save_inspect

@@ -56,10 +56,10 @@ class FirstArm(BaseException):
 
 def _stop_at_arm(real: Callable[..., Any], child_seconds: list[float]) -> Callable[..., Any]:
     def start(cmd: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(cmd, list | tuple) and "qa.run.worker" in map(str, cmd):
-            role = str(cmd[4])  # python -m qa.run.worker RUN ROLE
+        if isinstance(cmd, list | tuple) and "qa.pipeline.worker" in map(str, cmd):
+            role = str(cmd[4])  # python -m qa.pipeline.worker RUN ROLE
             if role not in STEPS:
-                raise FirstArm(f"qa.run.worker {role}")
+                raise FirstArm(f"qa.pipeline.worker {role}")
             t0 = time.perf_counter()
             try:
                 return real(cmd, *args, **kwargs)

@@ -5,14 +5,12 @@ fingerprint (sha256 of the canonical JSON of model, model file hash, engine, the
 the spec set them, limit, repeats, seed) plus one fingerprint per task (name, version, options). A
 rerun into the same folder resumes only when the arm fingerprint and every already-run task's
 fingerprint match; otherwise it raises RecordError naming what changed and writes nothing. New tasks
-may be added to an existing arm. The canonical JSON is the one arm.json files have always been
-fingerprinted with, so folders written before the engine arguments were typed still resume.
+may be added to an existing arm. The canonical JSON (evals.fingerprint) is the one arm.json files have
+always been fingerprinted with, so folders written before the engine arguments were typed still resume.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -34,20 +32,30 @@ from pydantic import (
 from evals.engines import EngineName, args_model, build_engine, parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.base import Engine
+from evals.env import redact_env
 from evals.errors import EvalError, RecordError
+from evals.fingerprint import (  # noqa: F401 - SCALES_KEYS, LEGACY_OPTION_FIELDS: re-exported
+    LEGACY_OPTION_FIELDS,
+    SCALES_KEYS,
+    canonical_json,
+    digest,
+    options_identity,
+    scales_by_name,
+    scales_file_hashes,
+)
 from evals.models import ResolvedModel, resolve_model
 from evals.provenance import KVProvenance, engine_provenance
-from evals.runner import RunSummary, run_task
+from evals.resume import RunSummary
+from evals.runner import run_task
 from evals.server_log import server_log_path
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
-from quant.fileio import atomic_write_text, sha256_file
+from quant.fileio import atomic_write_text
 from quant.validation import first_error
 
 ARM_FILE = "arm.json"
 ARM_SCHEMA = 1
 ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-SCALES_KEYS = ("scales", "scales_file")  # engine arguments naming a file whose bytes are part of the config
 RESUME_HINT = "use a new output folder, or delete it to start over"
 
 
@@ -236,57 +244,6 @@ def parse_arm(data: Mapping[str, object]) -> ArmConfig:
         raise EvalError(f"arm config: {err.where_or('arm')}: {err.msg}") from None
 
 
-def canonical_json(value: object) -> JsonValue:
-    """A JSON-able, canonical form of a config value (paths as strings, tuples as lists, dataclasses as
-    their fields, anything else as "<TypeName>"); what fingerprints are computed over."""
-    if isinstance(value, Mapping):
-        return {str(k): canonical_json(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, list | tuple):
-        return [canonical_json(v) for v in value]
-    if isinstance(value, Path):
-        return str(value)
-    if value is None or isinstance(value, str | int | float | bool):
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: canonical_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return f"<{type(value).__name__}>"
-
-
-def digest(obj: JsonValue) -> str:
-    """sha256 (hex) of the compact, key-sorted JSON of `obj`: a fingerprint."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()
-
-
-def _file_hashes(args: JsonValue) -> dict[str, str]:
-    """sha256 of every file named by a scales argument (nested in `kv` too): new scales, new config."""
-    from quant.scales import scales_paths
-
-    found: dict[str, str] = {}
-
-    def visit(prefix: str, obj: JsonValue) -> None:
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                if k in SCALES_KEYS and isinstance(v, str) and v:
-                    for p in scales_paths(Path(v)):
-                        if p.is_file():
-                            found[f"{prefix}{k}:{p.name}"] = sha256_file(p)
-                else:
-                    visit(f"{prefix}{k}.", v)
-
-    visit("", args)
-    return found
-
-
-def _scales_by_name(obj: JsonValue) -> JsonValue:
-    """`obj` with every scales file named by its file name only: its bytes are fingerprinted by
-    `_file_hashes`, so a run folder that moves (or a relative path read from another directory)
-    still resumes, while new scale values still make a new configuration."""
-    if isinstance(obj, dict):
-        return {k: Path(v).name if k in SCALES_KEYS and isinstance(v, str) and v else _scales_by_name(v)
-                for k, v in obj.items()}
-    return obj
-
-
 def given_engine_args(config: ArmConfig) -> dict[str, JsonValue]:
     """The engine arguments the spec set (defaults left out), as canonical JSON; without the base_url
     of a server started for this arm (a new port each start)."""
@@ -295,23 +252,6 @@ def given_engine_args(config: ArmConfig) -> dict[str, JsonValue]:
     if config.server is not None:
         given.pop("base_url", None)
     return given
-
-
-LEGACY_OPTION_FIELDS = ("num_fewshot", "max_tokens", "temperature", "extra")  # what arm.json always held
-
-
-def options_identity(options: TaskOptions) -> JsonValue:
-    """The canonical JSON of task options as fingerprinted: the four fields arm.json always held (an
-    unset temperature as the 0.0 it used to default to) plus every later field that is not at its default,
-    so arms written before those fields existed still resume."""
-    full = canonical_json(options)
-    assert isinstance(full, dict)
-    defaults = canonical_json(TaskOptions())
-    assert isinstance(defaults, dict)
-    kept = {k: v for k, v in full.items() if k in LEGACY_OPTION_FIELDS or v != defaults.get(k)}
-    if kept.get("temperature") is None:
-        kept["temperature"] = 0.0
-    return kept
 
 
 def task_entry(task: Task, options: TaskOptions | None, limit: int | None = None,
@@ -326,13 +266,11 @@ def task_entry(task: Task, options: TaskOptions | None, limit: int | None = None
 
 def arm_manifest(config: ArmConfig, model: ResolvedModel, tasks: Sequence[BuiltTask]) -> ArmManifest:
     """The manifest for this configuration (without tasks already in an older manifest)."""
-    from evals.env import redact_env
-
     args = given_engine_args(config)
     identity = ArmIdentity(
         name=config.name, model=config.model, model_file_hash=model.file_hash, engine=config.engine,
-        engine_args=_scales_by_name(args),  # type: ignore[arg-type]  # a dict stays a dict
-        engine_files=_file_hashes(args),
+        engine_args=scales_by_name(args),  # type: ignore[arg-type]  # a dict stays a dict
+        engine_files=scales_file_hashes(args),
         limit=config.limit, repeats=config.repeats, seed=config.seed, server=config.server,
         env=redact_env(config.env),
     )

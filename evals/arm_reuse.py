@@ -3,7 +3,7 @@
 `reuse_arm` takes `<source>/records/<arm>/` into `<out>/records/<arm>/` only when the earlier arm is this
 arm: same arm identity (model and model file hash, engine, engine arguments and the files they name,
 server, seed, limit, repeats: everything arm.json fingerprints, checked key by key), and per task the
-same version, item selection, recomputed prompt hashes (`evals.runner.missing_samples`) and options,
+same version, item selection, recomputed prompt hashes (`evals.resume.missing_samples`) and options,
 with every sample of the selection on disk. Otherwise it raises RecordError naming the first mismatch
 and writes nothing. Records are copied byte for byte; arm.json is written last and records the source
 directory and its fingerprint (`ReusedFrom`), so a killed copy is simply redone.
@@ -19,7 +19,7 @@ from pydantic import JsonValue
 from evals.arm import ARM_FILE, ArmConfig, ArmManifest, ArmTask, ReusedFrom, arm_manifest
 from evals.errors import RecordError
 from evals.models import resolve_model
-from evals.runner import missing_samples
+from evals.resume import missing_samples
 from evals.tasks import get_task
 from quant.fileio import atomic_write_bytes
 

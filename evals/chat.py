@@ -22,8 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+
 from evals.engines.base import Message
-from evals.errors import EvalError
+from evals.errors import EvalError, ModelError
+from evals.models import resolve_model
 
 TemplateKwargs = tuple[tuple[str, str | int | float | bool], ...]
 # Splits a rendered prompt at the document: what precedes it is shared by every item (the cacheable prefix).
@@ -104,10 +107,7 @@ def chat_turns(description: str, shots: Sequence[tuple[str, str]], question: str
 
 def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
     """The transformers tokenizer of a model name (evals.models.resolve_model); ModelError when missing."""
-    from transformers import AutoTokenizer
-
-    from evals.errors import ModelError
-    from evals.models import resolve_model
+    from transformers import AutoTokenizer  # transformers: only when a chat template is loaded
 
     resolved = resolve_model(model)
     try:
@@ -129,8 +129,6 @@ class ChatTemplate:
     def render(self, messages: Sequence[Message], *, gen_prefix: bool = False,
                kwargs: Mapping[str, Any] | None = None) -> str:
         """The prompt text: a generation prompt opened, or (gen_prefix) the last assistant message continued."""
-        import jinja2
-
         history = [{"role": m.role, "content": m.content} for m in messages]
         call = functools.partial(self.tokenizer.apply_chat_template, tokenize=False,
                                  add_generation_prompt=not gen_prefix, continue_final_message=gen_prefix,

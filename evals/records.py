@@ -24,6 +24,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evals.errors import RecordError
+from quant.fileio import atomic_write_text
 from quant.validation import first_error
 
 SCHEMA_VERSION = 1
@@ -194,6 +195,4 @@ def iter_arm_records(arm_dir: Path) -> Iterator[SampleRecord]:
 
 def write_records(path: Path, records: Iterable[SampleRecord]) -> None:
     """Write a whole records file at once (imports, tests); atomic: temp file, fsync, rename."""
-    from quant.fileio import atomic_write_text
-
     atomic_write_text(path, "".join(r.model_dump_json() + "\n" for r in records))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -34,64 +34,26 @@ from rich.text import Text
 
 from evals.engines import base
 from evals.engines.base import Engine
-from evals.errors import EngineError, EvalError, RecordError
+from evals.errors import EngineError, EvalError
 from evals.reasoning import Split, is_truncated, split_reasoning, think_tags
-from evals.records import (
-    RecordWriter,
-    SampleRecord,
-    TokenLogprobs,
-    first_non_finite,
-    read_records,
-    sha256_text,
-)
+from evals.records import RecordWriter, SampleRecord, TokenLogprobs, first_non_finite, sha256_text
 from evals.reference import ReferenceResult, chunk_references, has_reference, record_fields
-from evals.sampling import sample_seed, select_items
-from evals.tasks.base import Item, RepeatScored, Request, Result, Task
+from evals.resume import (  # noqa: F401 - REQUEST_TYPES, RESUME_RECORDS_HINT, missing_samples: re-exported
+    REQUEST_TYPES,
+    RESUME_RECORDS_HINT,
+    RunSummary,
+    Sample,
+    build_samples,
+    check_existing,
+    missing_samples,
+)
+from evals.sampling import select_items
+from evals.session_runner import run_sessions
+from evals.tasks.base import RepeatScored, Request, Result, ServedInSessions, Task
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 64  # samples per engine call: the engine batches inside it; records flush after it
-REQUEST_TYPES: dict[str, type] = {
-    "generate": base.GenerateRequest,
-    "loglikelihood": base.LoglikelihoodRequest,
-    "token_logprobs": base.TokenLogprobsRequest,
-}
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """What one `run_task` call did."""
-
-    task: str
-    arm: str
-    path: Path
-    items: int  # items selected (after `limit`)
-    samples: int  # items x repeats
-    skipped: int  # samples already on disk before this call (resume)
-    written: int  # samples written by this call
-    errors: int  # of those, samples recorded with an error
-    seconds: float  # wall time of this call
-    output_tokens: int = 0  # generated tokens of the samples written (generation tasks)
-
-    @property
-    def samples_per_second(self) -> float:
-        """Samples written per second of wall time (0 when nothing ran)."""
-        return self.written / self.seconds if self.seconds > 0 and self.written else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Generated tokens per second of wall time (0 for tasks that generate nothing)."""
-        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class _Sample:
-    item: Item
-    repeat: int
-    seed: int
-    request: Request | None
-    prompt_hash: str
-    error: str | None  # building the request failed
 
 
 class _RateColumn(ProgressColumn):
@@ -115,51 +77,6 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
-def _build_samples(task: Task, items: Sequence[Item], repeats: int, seed: int) -> list[_Sample]:
-    """Every (item, repeat) of the selection with its request and prompt hash, item-major."""
-    want = REQUEST_TYPES[task.kind]
-    samples: list[_Sample] = []
-    for item in items:
-        for repeat in range(repeats):
-            s = sample_seed(seed, task.name, item.item_id, repeat)
-            try:
-                req = task.request(item, repeat=repeat, seed=s)
-                if not isinstance(req, want):
-                    raise TypeError(f"task {task.name!r} of kind {task.kind!r} built a {type(req).__name__}")
-                samples.append(_Sample(item, repeat, s, req, sha256_text(task.prompt_text(req)), None))
-            except EvalError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - recorded as this sample's error
-                samples.append(_Sample(item, repeat, s, None, sha256_text(""), f"request: {type(exc).__name__}: {exc}"))
-    return samples
-
-
-RESUME_RECORDS_HINT = "write this run into a new output folder (or delete the old records)"
-
-
-def _check_existing(path: Path, task: Task, arm: str, samples: Sequence[_Sample],
-                    hint: str = RESUME_RECORDS_HINT) -> None:
-    """Refuse to resume into records made by another task, arm, version, prompt or selection."""
-    existing = read_records(path)
-    if not existing:
-        return
-    by_key = {(s.item.item_id, s.repeat): s for s in samples}
-    for rec in existing:
-        if rec.task != task.name or rec.arm != arm:
-            raise RecordError(f"{path}: holds records of task {rec.task!r} arm {rec.arm!r}, not {task.name!r} "
-                              f"arm {arm!r}; {hint}")
-        if rec.task_version != task.version:
-            raise RecordError(f"{path}: records are from {task.name} version {rec.task_version}, this is "
-                              f"{task.version}; {hint}")
-        sample = by_key.get(rec.key)
-        if sample is None:
-            raise RecordError(f"{path}: item {rec.item_id!r} repeat {rec.repeat} is on disk but not in this run's "
-                              f"selection (limit, repeats or seed changed?); {hint}")
-        if rec.prompt_hash != sample.prompt_hash and sample.error is None:
-            raise RecordError(f"{path}: item {rec.item_id!r} was run with a different prompt (task options "
-                              f"changed?); {hint}")
-
-
 def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Result | base.Failure]:
     """One batched engine call for requests of one kind; results in request order."""
     if kind == "generate":
@@ -173,7 +90,7 @@ def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Res
     return results
 
 
-def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure | None, error: str | None,
+def _record(task: Task, arm: str, sample: Sample, result: Result | base.Failure | None, error: str | None,
             reference: ReferenceResult | None = None) -> SampleRecord:
     """The SampleRecord of one finished sample; a failed one has its error and no scores. A generation
     is split into reasoning and answer (evals.reasoning); only the answer is scored. `reference`: the
@@ -227,16 +144,6 @@ def _record(task: Task, arm: str, sample: _Sample, result: Result | base.Failure
     )
 
 
-def missing_samples(task: Task, *, arm: str, path: Path, limit: int | None = None, repeats: int = 1, seed: int = 0,
-                    data_dir: Path | None = None, hint: str = RESUME_RECORDS_HINT) -> int:
-    """Check the records in `path` against this selection and its recomputed prompts, as a resumed
-    `run_task` does (RecordError naming the first mismatch, ending with `hint`); the samples not on disk."""
-    samples = _build_samples(task, select_items(task.items(data_dir), limit, seed), repeats, seed)
-    _check_existing(path, task, arm, samples, hint)
-    done = {r.key for r in read_records(path)}
-    return sum((s.item.item_id, s.repeat) not in done for s in samples)
-
-
 def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int | None = None, repeats: int = 1,
              seed: int = 0, data_dir: Path | None = None, chunk: int = DEFAULT_CHUNK,
              progress: bool = True, blocks: Sequence[int] | None = None, reference: bool = True) -> RunSummary:
@@ -251,18 +158,15 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
         raise EvalError(f"repeats must be >= 1, got {repeats}")
     if chunk < 1:
         raise EvalError(f"chunk must be >= 1, got {chunk}")
-    from evals.session_runner import run_sessions  # the cache-path probe serves its own order
-    from evals.tasks.sessions import SessionsTask
-
-    if isinstance(task, SessionsTask):
+    if isinstance(task, ServedInSessions):  # the cache-path probe serves its own order (evals.session_runner)
         if blocks is not None:
             raise EvalError("sessions: sequential looks do not apply to the cache-path probe; run it unsequenced")
-        return run_sessions(engine, task, arm=arm, out_path=out_path, limit=limit, repeats=repeats, seed=seed,
-                            data_dir=data_dir)
+        return run_sessions(engine, task, arm=arm, out_path=out_path, limit=limit,  # type: ignore[arg-type]
+                            repeats=repeats, seed=seed, data_dir=data_dir)
     start = time.perf_counter()
     items = select_items(task.items(data_dir), limit, seed)
-    samples = _build_samples(task, items, repeats, seed)
-    _check_existing(out_path, task, arm, samples)
+    samples = build_samples(task, items, repeats, seed)
+    check_existing(out_path, task, arm, samples)
     written = errors = tokens = 0
     with RecordWriter(out_path) as writer:
         done = writer.done

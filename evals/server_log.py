@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evals.provenance import KVProvenance, ScalesOrigin
+from evals.kv_provenance import KVProvenance, ScalesOrigin
 
 LOG_DIR = "logs"  # <run>/logs/<arm>-server.log: where `qa run` writes an arm's server log
 ENGINE_CONFIG = "with config: "

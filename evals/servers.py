@@ -7,8 +7,9 @@ Two kinds, both used by the `openai` engine's tests and by the pipeline:
   own `__main__` in a child. It serves quantized KV caches on CPU (nvfp4, mxfp4, q8_0, q4_0, ...),
   but ignores `echo`, so it serves generative tasks only.
 
-Every server binds 127.0.0.1 only. Readiness is polled on `/health` with a bounded wait; a child
-that exits early is reported with the tail of its log.
+Every server binds 127.0.0.1 only and starts offline, without telemetry, unless this process's
+environment or the spec's env says otherwise (`server_env`: evals.offline.offline_env). Readiness is
+polled on `/health` with a bounded wait; a child that exits early is reported with the tail of its log.
 """
 
 from __future__ import annotations
@@ -26,9 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Self
 
+import httpx
+
 from evals.engines.vllm_args import RESERVED_SERVER_ARGS, VllmFlag, cli_flags
 from evals.engines.vllm_offline import INSTALL_HINT
 from evals.errors import EngineError
+from evals.offline import offline_env
 from quant.validation import did_you_mean
 
 HOST = "127.0.0.1"  # local servers never listen beyond loopback
@@ -50,14 +54,6 @@ LLAMACPP_CACHE_TYPES: dict[str, str] = {
 }
 UNQUANTIZED_CACHE_TYPES = frozenset({"f32", "f16", "bf16"})
 
-# Offline, no telemetry: a local server must not reach out to anything.
-OFFLINE_ENV: dict[str, str] = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
 VLLM_PYTHON_ENV = "QA_VLLM_PYTHON"  # names the interpreter that runs vLLM
 REPO_VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin" / "python"
 
@@ -173,8 +169,6 @@ def stop_pid(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
 
 def wait_ready(process: subprocess.Popen[bytes], port: int, log_path: Path, timeout_s: float) -> None:
     """Poll GET /health on 127.0.0.1:`port` until it answers 200; bounded by `timeout_s`."""
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=2.0, trust_env=False) as client:
         while time.monotonic() < deadline:
@@ -204,7 +198,7 @@ def _spawn(cmd: list[str], env: Mapping[str, str], log_path: Path) -> subprocess
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **OFFLINE_ENV, **env},
+            env=dict(env),
             start_new_session=True,
         )
 
@@ -279,6 +273,14 @@ def check_cache_type(name: str) -> str:
     return name
 
 
+def server_env(spec: VllmServerSpec | LlamaCppServerSpec) -> dict[str, str]:
+    """The server's environment: evals.offline.offline_env (the offline defaults < this process's
+    environment < the spec's env; llama.cpp's K rotation switched off first when the spec says so)."""
+    if isinstance(spec, VllmServerSpec):
+        return offline_env(extra=spec.env)
+    return offline_env(extra={**({} if spec.rotate_kv else {"LLAMA_ATTN_ROT_DISABLE": "1"}), **spec.env})
+
+
 def start_server(
     spec: VllmServerSpec | LlamaCppServerSpec,
     *,
@@ -290,14 +292,13 @@ def start_server(
     port = port or free_port()
     if isinstance(spec, VllmServerSpec):
         kind: ServerKind = "vllm"
-        cmd, env = vllm_server_command(spec, port), dict(spec.env)
+        cmd = vllm_server_command(spec, port)
         timeout = ready_timeout_s or 300.0
     else:
         kind = "llamacpp"
         cmd = llamacpp_command(spec, port)
-        env = {**({} if spec.rotate_kv else {"LLAMA_ATTN_ROT_DISABLE": "1"}), **spec.env}
         timeout = ready_timeout_s or 60.0
-    process = _spawn(cmd, env, log_path)
+    process = _spawn(cmd, server_env(spec), log_path)
     server = LocalServer(
         kind=kind, port=port, process=process, log_path=log_path, served_model_name=spec.served_model_name
     )
@@ -312,7 +313,7 @@ def start_server(
 def _serve_llamacpp(ns: argparse.Namespace) -> None:
     """Child entry: run xllamacpp's server in this process until SIGTERM."""
     try:
-        import xllamacpp
+        import xllamacpp  # xllamacpp: only in the llama.cpp server child
     except ImportError:
         sys.exit("xllamacpp is not installed; pip install xllamacpp (extra: accuracy-parity[server])")
     params = xllamacpp.CommonParams()

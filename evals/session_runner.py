@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evals.engines import base
 from evals.engines.base import Engine, PrefixCacheControl, PrefixCacheStats
@@ -42,10 +42,12 @@ from evals.errors import EngineError, EvalError
 from evals.reasoning import is_truncated, split_reasoning, think_tags
 from evals.records import RecordWriter, SampleRecord, TokenLogprobs, first_non_finite, sha256_text
 from evals.reference import record_fields
-from evals.runner import RunSummary, missing_samples
+from evals.resume import RunSummary, missing_samples
 from evals.sampling import sample_seed
 from evals.tasks.base import Item
-from evals.tasks.sessions import SessionsTask
+
+if TYPE_CHECKING:  # the probe's module reads GSM8K (evals.data, numpy): not needed to serve it
+    from evals.tasks.sessions import SessionsTask
 
 log = logging.getLogger(__name__)
 

@@ -22,16 +22,15 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_bytes
+from quant.kv_catalog import EXPORT_TARGETS, ExportTarget  # names without torch: the CLI checks them
 from quant.scales import KVScales
 
-ExportTarget = Literal["vllm", "compressed-tensors"]
-EXPORT_TARGETS: tuple[str, ...] = ("vllm", "compressed-tensors")
 LAYER_PREFIX = "model.layers"  # decoder layer path of llama-style and Gemma-3 text checkpoints
 SCALES_FILE = "kv_scales.safetensors"
 SCHEME_FILE = "kv_cache_scheme.json"
@@ -90,7 +89,7 @@ def kv_cache_scheme(scales: KVScales) -> dict[str, Any]:
 
 
 def _write_tensors(tensors: dict[str, torch.Tensor], path: Path, scales: KVScales) -> Path:
-    from safetensors.torch import save
+    from safetensors.torch import save  # safetensors: only when an export is written
 
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {

@@ -44,3 +44,10 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(HASH_BLOCK), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def scales_paths(path: Path) -> tuple[Path, Path]:
+    """(`<stem>.safetensors`, `<stem>.json`) for a path given with either suffix or none."""
+    path = Path(path)
+    stem = path.with_suffix("") if path.suffix in (".safetensors", ".json") else path
+    return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")

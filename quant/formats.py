@@ -19,7 +19,8 @@ from quant import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused
 from quant.errors import QuantError
 from quant.fp8 import FP8Kind, FP8Rounding
 from quant.intq import IntBits
-from quant.validation import did_you_mean
+from quant.kv_catalog import FORMAT_NAMES as KV_FORMAT_NAMES
+from quant.kv_catalog import unknown_format
 
 # bits per element at head_dim 128 (per-row float32 scales of INT formats amortized over 128 elements)
 REFERENCE_HEAD_DIM = 128
@@ -261,6 +262,7 @@ FORMATS: dict[str, KVFormat] = {
     "int4": IntFormat(name="int4", bits=4, bits_per_element=4 + 32 / REFERENCE_HEAD_DIM),
 }
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
+assert FORMAT_NAMES == KV_FORMAT_NAMES  # the torch-free catalog names exactly these formats, in order
 FUSED_NVFP4 = NVFP4Format(fused=True)
 
 
@@ -289,7 +291,5 @@ def get_format(name: str, *, fused: bool = False) -> KVFormat:
     if fmt is not None and fused and name == "nvfp4":
         return FUSED_NVFP4
     if fmt is None:
-        key = name.lower()
-        hint = did_you_mean(key, FORMAT_NAMES, listing="choose one of", prefix=True)
-        raise QuantError(f"unknown KV format {name!r}; {hint}")
+        raise unknown_format(name)
     return fmt

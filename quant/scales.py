@@ -18,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
-from quant.fileio import atomic_write_bytes
+from quant.fileio import atomic_write_bytes, scales_paths
 from quant.formats import get_format
 from quant.validation import first_error
 
@@ -114,7 +114,7 @@ class KVScales:
 
     def save(self, path: Path) -> tuple[Path, Path]:
         """Write `<stem>.safetensors` and `<stem>.json` atomically; returns both paths."""
-        from safetensors.torch import save
+        from safetensors.torch import save  # safetensors: only when scales are written
 
         tensors_path, meta_path = scales_paths(path)
         tensors_path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,8 +129,8 @@ class KVScales:
     @classmethod
     def load(cls, path: Path) -> KVScales:
         """Read a scales file pair; QuantError when missing, malformed or holding invalid values."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load
+        from safetensors import SafetensorError  # safetensors: only when scales are read
+        from safetensors.torch import load  # safetensors: only when scales are read
 
         tensors_path, meta_path = scales_paths(path)
         for p in (tensors_path, meta_path):
@@ -149,10 +149,3 @@ class KVScales:
         if missing:
             raise QuantError(f"{tensors_path}: missing tensors {missing}")
         return cls(**{n: tensors[n] for n in TENSOR_NAMES}, meta=meta)
-
-
-def scales_paths(path: Path) -> tuple[Path, Path]:
-    """(`<stem>.safetensors`, `<stem>.json`) for a path given with either suffix or none."""
-    path = Path(path)
-    stem = path.with_suffix("") if path.suffix in (".safetensors", ".json") else path
-    return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")

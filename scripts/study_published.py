@@ -12,9 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from qa.files.comparison import Comparison
-from qa.gate.rules import decide
-from qa.files.verdict import Status, Verdict
 from qa.files.rundir import RunDir
+from qa.files.verdict import Status, Verdict
+from qa.gate.decide import decide_folder
 from quant.fileio import atomic_write_text
 
 RUN_INFO = "run.json"
@@ -61,7 +61,7 @@ def publish(run_dir: Path, dest: Path, info: RunInfo) -> None:
     """Copy the run's reports (not its records) to `dest`, plus run.json with `info`."""
     src, out = RunDir(run_dir), RunDir(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for path in (src.spec, src.env, src.comparison, src.verdict, src.report_md, src.report_html, src.kv_inspect):
+    for path in (src.spec_file, src.env, src.comparison, src.verdict, src.report_md, src.report_html, src.kv_inspect):
         if path.exists():
             shutil.copy2(path, dest / path.name)
     if src.plots.is_dir():
@@ -76,7 +76,7 @@ class Published:
 
     name: str
     comparison: Comparison
-    verdict: Verdict  # decided now by qa.gate.rules under the policy verdict.json records
+    verdict: Verdict  # decided now by the gate (qa.gate.decide) under the policy verdict.json records
     recorded_status: Status  # the status verdict.json records
     info: RunInfo | None
 
@@ -88,7 +88,7 @@ def load_published(folder: Path) -> Published | None:
         return None
     recorded = rd.load_verdict()
     comparison = rd.load_comparison()
-    verdict = decide(comparison, recorded.policy, rd.comparison_sha256())
+    verdict = decide_folder(rd, recorded.policy, comparison)
     info_path = folder / RUN_INFO
     info = RunInfo.model_validate_json(info_path.read_text(encoding="utf-8")) if info_path.exists() else None
     return Published(folder.name, comparison, verdict, recorded.status, info)

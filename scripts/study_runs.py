@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from evals.arm import ARM_FILE, ArmManifest
-from qa.run.processes import WORKER_MODULE, arm_python
 from qa.files.rundir import RunDir, prepare_run_dir
 from qa.files.spec import ArmSpec, RunSpec, dump_spec, load_spec
+from qa.pipeline.processes import WORKER_MODULE, arm_python
+from qa.pipeline.resolve import resolve_run
 from quant.fileio import sha256_file
 from scripts.study_published import Refusal, RunInfo, SeededCalibration, publish
 
@@ -262,10 +263,11 @@ def record_refusal(spec: RunSpec, work: Path, data_dir: Path | None) -> Refusal:
     spec_file = work / "engines" / "vllm_nvfp4_refused.toml"
     spec_file.parent.mkdir(parents=True, exist_ok=True)
     spec_file.write_text(dump_spec(strict), encoding="utf-8")
+    resolved = resolve_run(strict, scratch, data_dir=data_dir, spec_dir=None)  # no preflight: the engine must refuse
     prepare_run_dir(strict, scratch)
-    cmd = ["nice", "-n", str(NICE), arm_python("vllm"), "-m", WORKER_MODULE, str(scratch), "candidate"]
-    if data_dir is not None:
-        cmd += ["--data-dir", str(data_dir)]
+    resolved.rd.save_resolved(resolved.record, resolved.policy.text)
+    cmd = ["nice", "-n", str(NICE), arm_python(resolved.record.arm("candidate")), "-m", WORKER_MODULE, str(scratch),
+           "candidate"]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]

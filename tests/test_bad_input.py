@@ -3,7 +3,7 @@ exit code 2, no traceback, and a finished file planted in the output folder left
 
 Each case builds its inputs under tmp_path and runs `python -m qa.cli ...` in a subprocess; the
 cases run concurrently (each one mostly waits on imports). Cases that load no model stop before
-any work: `qa run` checks every name, file and argument of a spec up front (qa.run.pipeline.preflight).
+any work: `qa run` checks every name, file and argument of a spec up front (qa.pipeline.stages.preflight).
 """
 
 from __future__ import annotations

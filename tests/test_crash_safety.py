@@ -2,7 +2,7 @@
 
 The slow test runs a real, tiny spec (SmolLM2, calibration + two hf arms + compare + report) once
 uninterrupted and once killed 20 times. Each kill waits for a moment of the timeline seen from the
-run directory and the live `qa.run.worker` children (model load, calibration, a records file
+run directory and the live `qa.pipeline.worker` children (model load, calibration, a records file
 growing, compare, report), adds a seeded random delay and SIGKILLs the whole process group, as an
 OOM killer or a lost machine would. After each kill the same command is started again. A torn
 JSONL line cannot come from SIGKILL (one record is one write() call), only from power loss, so
@@ -84,15 +84,15 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _workers(pid: int) -> set[str]:
-    """Roles of the live `qa.run.worker` children (calibrate, baseline, candidate)."""
+    """Roles of the live `qa.pipeline.worker` children (calibrate, baseline, candidate)."""
     roles: set[str] = set()
     for child in _descendants(pid):
         try:
             argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"qa.run.worker" in argv:
-            roles.add(argv[argv.index(b"qa.run.worker") + 2].decode())
+        if b"qa.pipeline.worker" in argv:
+            roles.add(argv[argv.index(b"qa.pipeline.worker") + 2].decode())
     return roles
 
 
@@ -298,15 +298,17 @@ def test_calibration_cut_between_its_two_files_is_redone_not_trusted(tmp_path: P
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A kill after kv_scales.safetensors but before kv_scales.json: the restart must calibrate again
     (and its preflight must not stop on the half-written pair)."""
-    from qa.run import pipeline, processes
     from qa.files.rundir import RunDir
     from qa.files.spec import parse_spec
+    from qa.pipeline import processes, stages
+    from qa.pipeline.preflight import preflight
+    from qa.pipeline.resolve import resolve_run
 
-    spec = parse_spec(SPEC)
     run = tmp_path / "run"
     (run / "calibration").mkdir(parents=True)
     RunDir(run).scales.write_bytes(b"left by a killed calibration")
-    pipeline.preflight(spec, RunDir(run), _data_dir(), None)
+    resolved = resolve_run(parse_spec(SPEC), run, data_dir=_data_dir(), spec_dir=None)
+    preflight(resolved)
     started: list[list[str]] = []
 
     def fake_run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
@@ -314,17 +316,17 @@ def test_calibration_cut_between_its_two_files_is_redone_not_trusted(tmp_path: P
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(processes.subprocess, "run", fake_run)
-    processes.calibrate_step(run, _data_dir())
-    assert len(started) == 1 and started[0][-3:] == ["calibrate", "--data-dir", str(_data_dir())]
+    stages.calibrate(resolved)
+    assert len(started) == 1 and started[0][-3:] == ["qa.pipeline.worker", str(run), "calibrate"]
     (run / "calibration" / "kv_scales.json").write_text("{}")
-    processes.calibrate_step(run, _data_dir())
+    stages.calibrate(resolved)
     assert len(started) == 1  # both files there: skipped
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux only")
 def test_an_arm_process_dies_with_its_qa_run(tmp_path: Path) -> None:
     """SIGKILL of `qa run` alone (not its group) must not leave an orphaned arm appending records."""
-    code = ("import subprocess, time\nfrom qa.run.processes import CHILD_SETUP\n"
+    code = ("import subprocess, time\nfrom qa.pipeline.processes import CHILD_SETUP\n"
             "p = subprocess.Popen(['sleep', '120'], preexec_fn=CHILD_SETUP)\nprint(p.pid, flush=True)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert parent.stdout is not None

@@ -4,7 +4,8 @@
 - no import cycle between modules of the three packages;
 - an import inside a function is there only for a heavy optional dependency: it names one (HEAVY) or a
   module of ours that loads one when it is imported, and says so in a comment on its line;
-- `qa.api` is the front door: nothing imports it but the `qa` package itself;
+- `qa.api` is the front door: nothing imports it but the `qa` package itself and the CLI (a thin shell over
+  it), so every step the API and the pipeline share lives below both;
 - no library module over the size limit, and no private name imported across modules.
 """
 
@@ -112,7 +113,7 @@ def _module_level(module: str) -> tuple[set[str], set[str]]:
     """What importing `module` runs directly: (our modules, external packages) of its package inits' and
     its own module-level imports."""
     parents = [module.rsplit(".", i)[0] for i in range(module.count("."), 0, -1)]
-    ours: set[str] = set(p for p in parents if p in MODULES)
+    ours: set[str] = {p for p in parents if p in MODULES}
     ext: set[str] = set()
     for m in [p for p in parents if p in MODULES] + [module]:
         for imp in _imports(m):
@@ -131,7 +132,7 @@ def _loads_heavy(module: str) -> str | None:
     while todo:
         ours, ext = _module_level(todo.pop())
         if ext & HEAVY:
-            return sorted(ext & HEAVY)[0]
+            return min(ext & HEAVY)
         todo += sorted(ours - seen)
         seen |= ours
     return None
@@ -191,8 +192,9 @@ def test_imports_inside_functions_are_only_for_heavy_dependencies() -> None:
 
 
 def test_the_front_door_is_imported_by_nothing_but_the_package() -> None:
-    bad = [m for m in MODULES for imp in _imports(m) if FRONT_DOOR in imp.targets() and m != "qa"]
-    assert not bad
+    users = {m for m in MODULES for imp in _imports(m) if FRONT_DOOR in imp.targets()}
+    assert users - {"qa"} == {m for m in users if m.startswith("qa.cli.")}
+    assert "qa.cli.gate_cmd" in users  # the check sees the CLI's own use
 
 
 def test_no_library_module_over_the_size_limit() -> None:

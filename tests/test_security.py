@@ -91,14 +91,14 @@ def test_trust_remote_code_reaches_transformers_only_when_the_spec_says_so(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec_says: bool | None) -> None:
     from evals.engines import build_engine
     from evals.models import resolve_model
-    from qa.run.arm_inputs import resolved_engine_args
     from qa.files.rundir import RunDir
+    from qa.pipeline.resolve import engine_args
 
     line = "" if spec_says is None else f"trust_remote_code = {str(spec_says).lower()}\n"
     spec = parse_spec(f'name = "t"\n{line}[arms.baseline]\n[arms.candidate]\n[[tasks]]\nname = "arc_easy"\n')
     calls = _spy_loads(monkeypatch)
     with pytest.raises(_Stop):
-        build_engine("hf", resolve_model("smollm2-135m"), resolved_engine_args(spec, "candidate", RunDir(tmp_path)))
+        build_engine("hf", resolve_model("smollm2-135m"), engine_args(spec, "candidate", RunDir(tmp_path)))
     assert calls and calls[0]["trust_remote_code"] is bool(spec_says)
 
 

@@ -3,8 +3,8 @@
 Layout: `spec` (what a dataset is), `registry` (the DATASETS dict, lookups by name), `files` (the
 data folder and the checked JSONL/CSV readers), `readers` (one local reader per dataset), `gpqa`
 (the password-protected zip, decrypted in memory only), `hub` (the hub fallback), `integrity` (file
-hashes for env.json and the manifest check). Missing, truncated or wrong-shaped files raise
-`DataError` with one line naming the file and what was expected.
+hashes for env.json and the manifest check); `hub_offline` is evals.offline's. Missing, truncated or
+wrong-shaped files raise `DataError` with one line naming the file and what was expected.
 """
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from pathlib import Path
 
 from evals.data.files import DATA_DIR_ENV, resolve_data_dir
 from evals.data.gpqa import read_gpqa
-from evals.data.hub import hub_offline, load_hub
+from evals.data.hub import load_hub
 from evals.data.integrity import Check, data_file_hashes, verify
 from evals.data.registry import DATA_NOTES, DATASETS, MMLU_SUBJECTS, data_files, get_spec
 from evals.data.spec import DatasetSpec, Row
 from evals.errors import DataError
+from evals.offline import hub_offline
 
 __all__ = [
     "DATASETS",

@@ -1,27 +1,16 @@
 """The hub fallback (no data dir given): `datasets.load_dataset` with each dataset's canonical id,
-offline unless HF_DATASETS_OFFLINE (or HF_HUB_OFFLINE) is set to a false value, rows given the same
-ids as the local readers give them."""
+offline unless asked (evals.offline.hub_offline: HF_DATASETS_OFFLINE or HF_HUB_OFFLINE set to a false
+value), rows given the same ids as the local readers give them."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from evals.data.files import DATA_DIR_ENV, index_ids
 from evals.data.spec import DatasetSpec, Row
 from evals.errors import DataError
-
-_FALSE = {"0", "false", "no", "off"}
-
-
-def hub_offline() -> bool:
-    """True unless HF_DATASETS_OFFLINE (or HF_HUB_OFFLINE) is set to a false value: offline by default."""
-    for var in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
-        value = os.environ.get(var)
-        if value is not None:
-            return value.strip().lower() not in _FALSE
-    return True
+from evals.offline import hub_mode, hub_offline
 
 
 def _hub_rows(spec: DatasetSpec, rows: Iterable[Mapping[str, Any]]) -> list[Row]:
@@ -45,17 +34,14 @@ def load_hub(spec: DatasetSpec, split: str) -> list[Row]:
     where = f"{hub.path}" + (f" ({hub.name})" if hub.name else "") + f" split {hub.splits[split]}"
     offline = hub_offline()
     try:
-        import datasets
-        import huggingface_hub.constants as hf_constants
+        import datasets  # datasets: only when no data dir is given
     except ImportError:
         raise DataError(
             "hub loading needs the `datasets` package: pip install datasets, or pass --data-dir"
         ) from None
-    saved = (datasets.config.HF_HUB_OFFLINE, hf_constants.HF_HUB_OFFLINE)
     try:
-        if offline:  # only what is already in the local HF cache; never the network
-            datasets.config.HF_HUB_OFFLINE = hf_constants.HF_HUB_OFFLINE = True
-        ds = datasets.load_dataset(hub.path, hub.name, split=hub.splits[split])
+        with hub_mode(offline):  # offline: only what is already in the local HF cache; never the network
+            ds = datasets.load_dataset(hub.path, hub.name, split=hub.splits[split])
     except Exception as exc:  # noqa: BLE001 - the hub client raises many types; all mean "not available"
         how = (
             (
@@ -66,8 +52,6 @@ def load_hub(spec: DatasetSpec, split: str) -> list[Row]:
             else f"could not be loaded ({type(exc).__name__}); pass --data-dir"
         )
         raise DataError(f"dataset {spec.name!r}: hub dataset {where} {how}") from None
-    finally:
-        datasets.config.HF_HUB_OFFLINE, hf_constants.HF_HUB_OFFLINE = saved
     rows = _hub_rows(spec, ds)
     expected = spec.splits[split].count
     if len(rows) != expected:

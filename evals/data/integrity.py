@@ -27,7 +27,8 @@ class Check:
 
 
 def data_file_hashes(names: Iterable[str], data_dir: Path | None) -> dict[str, str]:
-    """{relative path: sha256} of the local files behind the named datasets or tasks (env.json); {} for hub data."""
+    """{relative path: sha256} of the local files behind the named datasets (env.json; a run's tasks name
+    theirs through evals.tasks.task_datasets); {} for hub data."""
     if data_dir is None:
         return {}
     hashes: dict[str, str] = {}

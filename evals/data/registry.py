@@ -201,21 +201,7 @@ def get_spec(name: str) -> DatasetSpec:
         raise DataError(f"unknown dataset {name!r}; {did_you_mean(name, DATASETS, listing='known')}") from None
 
 
-def dataset_names(names: Iterable[str]) -> list[str]:
-    """Dataset names for `names`, each a dataset or a task (mapped by evals.tasks.TASK_DATASETS)."""
-    from evals.tasks import TASK_DATASETS  # tasks import this package: resolve at call time
-
-    out: list[str] = []
-    for name in names:
-        found = (name,) if name in DATASETS else TASK_DATASETS.get(name)
-        if found is None:
-            get_spec(name)  # raises the did-you-mean DataError
-        out.extend(d for d in found or () if d not in out)
-    return out
-
-
 def data_files(names: Iterable[str]) -> list[str]:
-    """Relative paths of every local file the named datasets (or tasks) read, without duplicates, sorted."""
-    return sorted(
-        {f for n in dataset_names(names) for part in get_spec(n).splits.values() for f in part.files}
-    )
+    """Relative paths of every local file the named datasets read, without duplicates, sorted (a task's
+    datasets: evals.tasks.task_datasets); an unknown name raises DataError with a did-you-mean."""
+    return sorted({f for n in names for part in get_spec(n).splits.values() for f in part.files})

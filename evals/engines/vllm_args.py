@@ -85,7 +85,7 @@ def engine_kwargs(model: str, args: VllmEngineArgs, *,
     """The keyword arguments `vllm.LLM` gets for an arm (besides the model), defaults written out;
     needs no vllm (the dry run shows them). `on_cpu` None: CPU unless torch sees CUDA."""
     if on_cpu is None:
-        import torch
+        import torch  # torch: only to ask whether CUDA is there
 
         on_cpu = not torch.cuda.is_available()
     kwargs = args.flags()

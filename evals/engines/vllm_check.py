@@ -29,7 +29,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from evals.engines.vllm_args import check_flag_names, check_offline_flags, cli_flags, parse_vllm_args
+from evals.engines.vllm_offline import check_kv_dtype, engine_arg_names, supported_kv_dtypes
 from evals.errors import EngineError, first_line
+from evals.offline import offline_env
 from quant.validation import did_you_mean
 
 CHECK_MODULE = "evals.engines.vllm_check"
@@ -80,14 +82,12 @@ class CheckReport(BaseModel):
 def check_with_vllm(checks: Sequence[ArmCheck], python: str, *,
                     timeout_s: float = CHECK_TIMEOUT_S) -> CheckReport:
     """Run the checks in `python` (a child process, JSON in and out); EngineError when the child fails."""
-    from evals.engines.vllm_offline import OFFLINE_ENV
-
     payload = json.dumps([c.model_dump(mode="json") for c in checks])
     with tempfile.TemporaryDirectory(prefix="vllm-check-") as tmp:
         out = Path(tmp) / "report.json"
         try:
             proc = subprocess.run([python, "-m", CHECK_MODULE, str(out)], input=payload, text=True,
-                                  capture_output=True, env={**os.environ, **OFFLINE_ENV}, timeout=timeout_s,
+                                  capture_output=True, env=offline_env(), timeout=timeout_s,
                                   check=False)
         except subprocess.TimeoutExpired:
             raise EngineError(f"the vLLM argument check in {python} took over {timeout_s:.0f} s") from None
@@ -125,7 +125,7 @@ def arm_env(env: Mapping[str, str]) -> Iterator[None]:
 def raising_parser(build: Any) -> Any:
     """vLLM's FlexibleArgumentParser, filled by `build`, whose errors raise Refused instead of exiting
     (built once per `build`: parsing leaves a parser as it was)."""
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser  # vllm: only in the check's child
 
     class RaisingParser(FlexibleArgumentParser):  # type: ignore[misc]
         def error(self, message: str) -> Any:  # argparse's hook
@@ -163,7 +163,7 @@ def refuse_unknown(parser: Any, argv: list[str], *, skip_negatives: bool = False
 
 def check_env(env: Mapping[str, str]) -> None:
     """Every VLLM_* variable of an arm must be one vLLM reads (did-you-mean from vllm.envs)."""
-    from vllm import envs
+    from vllm import envs  # vllm: only in the check's child
 
     known = list(envs.environment_variables)
     for name in env:
@@ -175,16 +175,14 @@ def check_env(env: Mapping[str, str]) -> None:
 
 def envs_version() -> str:
     """The vLLM version of this interpreter."""
-    import vllm
+    import vllm  # vllm: only in the check's child
 
     return str(vllm.__version__)
 
 
 def check_kv(kv_dtype: str, backend: object, *, allow: bool, gpu_spec: bool) -> list[str]:
     """kv_cache_dtype against the backend that will run it; notes for what this machine cannot check."""
-    from vllm.platforms import current_platform
-
-    from evals.engines.vllm_offline import check_kv_dtype, supported_kv_dtypes
+    from vllm.platforms import current_platform  # vllm: this runs in the child that imported it
 
     name = getattr(backend, "name", backend)
     if name is None and gpu_spec and current_platform.is_cpu():
@@ -202,9 +200,9 @@ def check_kv(kv_dtype: str, backend: object, *, allow: bool, gpu_spec: bool) -> 
 
 def check_server(check: ArmCheck) -> list[str]:
     """Parse a server's exact command line as vLLM's api_server does and build its engine arguments."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-    from vllm.platforms import current_platform
+    from vllm.engine.arg_utils import AsyncEngineArgs  # vllm: only in the check's child
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args  # vllm: same
+    from vllm.platforms import current_platform  # vllm: as above
 
     parser = raising_parser(make_arg_parser)
     refuse_unknown(parser, check.argv)
@@ -220,9 +218,7 @@ def check_server(check: ArmCheck) -> list[str]:
 
 def check_offline(check: ArmCheck) -> list[str]:
     """An offline arm's LLM keywords: EngineArgs field names, values as vLLM's CLI parses them, DP 1, built."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    from evals.engines.vllm_offline import engine_arg_names
+    from vllm.engine.arg_utils import EngineArgs  # vllm: this runs in the child that imported it
 
     flags = {k: v for k, v in check.kwargs.items() if k != "model"}
     check_flag_names(parse_vllm_args(flags), engine_arg_names())
@@ -237,7 +233,7 @@ def check_offline(check: ArmCheck) -> list[str]:
 
 def run_check(check: ArmCheck) -> CheckOutcome:
     """One arm's check under its env; any refusal becomes the outcome's one-line error."""
-    import huggingface_hub.constants as hub
+    import huggingface_hub.constants as hub  # huggingface_hub: only in the check's child
 
     offline, hub.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE, False  # EngineArgs would look the model up offline
     try:
@@ -259,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     checks = [ArmCheck.model_validate(c) for c in json.loads(sys.stdin.read())]
     try:
-        import vllm
+        import vllm  # vllm: only in the check's child
     except ImportError as exc:
         print(f"vllm is not importable here: {exc}", file=sys.stderr)
         return 3

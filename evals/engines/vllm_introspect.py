@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from evals.provenance import KVProvenance, LayerScales, ScalesOrigin
+from evals.kv_provenance import KVProvenance, LayerScales, ScalesOrigin
 
 log = logging.getLogger(__name__)
 UNQUANTIZED = frozenset({"auto", "bfloat16", "float16", "float32", "half", "float"})
@@ -103,10 +103,10 @@ def cpu_fp8_encoding(kv_cache_dtype: str) -> str | None:
     measured on its kernel; None for an unquantized dtype or where the CPU kernel is unavailable."""
     if kv_cache_dtype in UNQUANTIZED:
         return None
-    import torch
+    import torch  # torch: only where vLLM runs
 
     try:
-        from vllm import _custom_ops as ops
+        from vllm import _custom_ops as ops  # vllm: only where it runs
 
         probe, nearest, truncated = E5M2_PROBE if "e5m2" in kv_cache_dtype else E4M3_PROBE
         heads, head_dim, block = 1, 64, 32  # one block; the FP8 kernels need head_dim % 32 == 0

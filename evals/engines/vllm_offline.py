@@ -47,8 +47,10 @@ from evals.engines.hf.tokens import HFTokens
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.stops import cut_at_stop
 from evals.engines.vllm_args import VllmEngineArgs, check_flag_names, engine_kwargs
+from evals.engines.vllm_introspect import kv_provenance
 from evals.errors import EngineError, first_line
 from evals.models import ResolvedModel
+from evals.offline import OFFLINE_DEFAULTS
 from evals.records import TokenLogprobs
 from quant.validation import did_you_mean
 
@@ -59,20 +61,14 @@ INSTALL_HINT = (
     "pip uninstall -y torchvision torchaudio torchcodec triton (extra: accuracy-parity[vllm]); "
     "on a GPU: pip install vllm"
 )
-# A local server or engine must not reach out: model files come from the resolved folder.
-OFFLINE_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
 
 
 def _import_vllm() -> Any:
-    for key, value in OFFLINE_ENV.items():
-        os.environ.setdefault(key, value)  # before vllm reads its env; children inherit it
+    # model files come from the resolved folder: vLLM must not reach out (set before it reads its env)
+    for key, value in OFFLINE_DEFAULTS.items():
+        os.environ.setdefault(key, value)
     try:
-        import vllm
+        import vllm  # vllm: the one module that imports it
     except ImportError as exc:
         raise EngineError(f"{INSTALL_HINT} ({exc})") from None
     return vllm
@@ -88,8 +84,8 @@ def supported_kv_dtypes(attention_backend: str | None) -> list[str] | None:
     """KV dtypes the attention backend that will run supports; None when vLLM checks it itself
     (CUDA with no backend forced: its selector skips backends that cannot serve the dtype)."""
     _import_vllm()
-    from vllm.platforms import current_platform
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.platforms import current_platform  # vllm: imported above with its install hint
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum  # vllm: as above
 
     if attention_backend is not None:
         try:
@@ -132,7 +128,7 @@ class VllmEngine:
     def __init__(self, model: ResolvedModel, args: VllmEngineArgs) -> None:
         vllm = _import_vllm()
         check_flag_names(args, engine_arg_names())
-        from vllm.platforms import current_platform
+        from vllm.platforms import current_platform  # vllm: imported above with its install hint
 
         on_cpu = current_platform.is_cpu()
         kwargs = engine_kwargs(model.name, args, on_cpu=on_cpu)
@@ -159,18 +155,9 @@ class VllmEngine:
         self.prefix_cache_enabled = bool(cache_config.enable_prefix_caching)  # vLLM's resolved setting
         self._counted = base.PrefixCacheStats(queried_tokens=0, hit_tokens=0, source="vllm request outputs")
         details = {k: str(v) for k, v in sorted(kwargs.items())}
-        details.update(
-            {
-                "vllm": vllm.__version__,
-                "device": current_platform.device_type,
-                "kv_cache_dtype": kv_dtype,
-                "kv_cache_dtype_supported": str(kv_ok).lower(),
-                "max_model_len": str(self.max_model_len),
-            }
-        )
+        details.update(vllm=vllm.__version__, device=current_platform.device_type, kv_cache_dtype=kv_dtype,
+                       kv_cache_dtype_supported=str(kv_ok).lower(), max_model_len=str(self.max_model_len))
         self.info = base.EngineInfo(name="vllm", model=model.name, deterministic=False, details=details)
-        from evals.engines.vllm_introspect import kv_provenance
-
         # what really runs: vLLM's resolved KV dtype, the KV tensors' dtype, each layer's k/v scale
         self.kv_provenance = kv_provenance(self._llm, on_cpu=on_cpu)
         if self.kv_provenance is not None:
@@ -221,7 +208,7 @@ class VllmEngine:
     def generate(self, requests: list[base.GenerateRequest]) -> list[base.GenerateResult | base.Failure]:
         """Sampled or greedy completions from the prompts' token ids (TokensPrompt, so vLLM applies no
         tokenisation or template of its own); stop strings cut the text as lm-eval's `until` does."""
-        from vllm.inputs import TokensPrompt
+        from vllm.inputs import TokensPrompt  # vllm: this engine exists only where it is installed
 
         early: dict[int, Any] = {}
         prompts: list[Any] = []

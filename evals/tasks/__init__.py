@@ -10,6 +10,7 @@ lm-eval's `minerva_math500`. `wikitext_kl`, `needle` and `sessions` are this too
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 
 from evals.chat import chat_template
 from evals.errors import EvalError
@@ -44,7 +45,7 @@ TASKS: dict[str, str] = {
     "sessions": "evals.tasks.sessions",
 }
 
-# The datasets each task reads (for env.json's data file hashes).
+# The datasets each task reads (for env.json's data file hashes: task_datasets).
 TASK_DATASETS: dict[str, tuple[str, ...]] = {
     "gsm8k": ("gsm8k",),
     "gsm8k_cot_llama": ("gsm8k",),
@@ -74,11 +75,26 @@ TASK_DATASETS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _unknown(name: str) -> EvalError:
+    return EvalError(f"unknown task {name!r}; {did_you_mean(name, TASKS, listing='known tasks')}")
+
+
+def task_datasets(names: Iterable[str]) -> list[str]:
+    """The datasets the named tasks read (TASK_DATASETS), in task order without duplicates; what
+    evals.data.data_file_hashes takes for a run's tasks. An unknown task raises EvalError (did-you-mean)."""
+    out: list[str] = []
+    for name in names:
+        if name not in TASK_DATASETS:
+            raise _unknown(name)
+        out.extend(d for d in TASK_DATASETS[name] if d not in out)
+    return out
+
+
 def get_task(name: str, options: TaskOptions | None = None, model: str | None = None) -> Task:
     """Build the named task with `options` (default: lm-eval's defaults) for `model` (whose chat template
     renders the prompts of a task with chat = true); unknown names suggest the closest."""
     if name not in TASKS:
-        raise EvalError(f"unknown task {name!r}; {did_you_mean(name, TASKS, listing='known tasks')}")
+        raise _unknown(name)
     module_name = TASKS[name]
     try:
         module = importlib.import_module(module_name)
@@ -102,5 +118,5 @@ def get_task(name: str, options: TaskOptions | None = None, model: str | None = 
 def supports_chat(name: str) -> bool:
     """Whether the named task can render chat prompts (False for probes such as wikitext_kl and needle)."""
     if name not in TASKS:
-        raise EvalError(f"unknown task {name!r}; {did_you_mean(name, TASKS, listing='known tasks')}")
+        raise _unknown(name)
     return bool(getattr(importlib.import_module(TASKS[name]), "CHATS", True))

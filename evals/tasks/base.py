@@ -140,3 +140,17 @@ class WithThinkTags(Protocol):
     """A task that names its reasoning delimiters (None: no reasoning split)."""
 
     think_tags: tuple[str, str] | None
+
+
+@runtime_checkable
+class ServedInSessions(Protocol):
+    """A task served as sessions along cache paths (the sessions probe): its requests reach the engine in its
+    own order, one call per step, so evals.session_runner runs it, not the chunked runner."""
+
+    def session_context(self, item: Item) -> str:
+        """The context the turns of the item's session share."""
+        ...
+
+    def path_names(self) -> list[str]:
+        """The cache paths every turn is served on."""
+        ...

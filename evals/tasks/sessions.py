@@ -253,7 +253,7 @@ class SessionsTask:
             scored = score_lookup(result.text, item.doc["answer"])
         else:
             # lm-eval is imported only here: the vLLM venv has none, and its tests ask look-ups only
-            from evals.tasks.gsm8k import VARIANTS, exact_match, extract
+            from evals.tasks.gsm8k import VARIANTS, exact_match, extract  # lm_eval: gsm8k loads it
 
             answers = extract(result.text, VARIANTS["gsm8k"])
             scored = Scored(scores={f"exact_match,{k}": exact_match(v, item.doc["answer"]) for k, v in answers.items()},

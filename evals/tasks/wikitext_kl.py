@@ -5,7 +5,7 @@ text chunk, the top-k next-token log-probs at every position and the log-prob of
 token (Merity et al. 2016, "Pointer Sentinel Mixture Models", arXiv:1609.07843, for the text).
 The comparison (KL over the top-k with the tail mass, top-1 agreement, delta-p of the actual
 token, log-perplexity ratio, SEs clustered by article) is computed from two arms' records by
-qa.distribution; each arm's own scores here are its mean NLL and top-1 accuracy per chunk.
+qa.compare.distribution; each arm's own scores here are its mean NLL and top-1 accuracy per chunk.
 
 Items: the raw test text (evals.data "wikitext2", hub-style rows) split into articles at their
 " = Title = " headings; each article's non-blank lines are packed greedily, whole lines only, into
@@ -66,7 +66,7 @@ def pack_lines(lines: list[str], chunk_chars: int) -> list[str]:
 
 
 def _detokenize(text: str) -> str:
-    from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
+    from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer  # lm_eval: on first read
 
     return wikitext_detokenizer({"page": text})
 
@@ -114,7 +114,7 @@ class WikitextKLTask:
         return request.text
 
     def score(self, item: Item, result: Result) -> Scored:
-        """Mean NLL and top-1 accuracy of this arm on the chunk (the KL needs both arms: qa.distribution)."""
+        """Mean NLL and top-1 accuracy of this arm on the chunk (the KL needs both arms: qa.compare.distribution)."""
         assert isinstance(result, TokenLogprobs)
         return Scored(scores=chunk_scores(result))
 

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evals.arm import ArmTask, parse_arm, run_arm
+from evals.data import resolve_data_dir
 from evals.errors import EvalError
 from evals.models import DEFAULT_MODEL
 from evals.tasks.base import TaskOptions
@@ -59,8 +60,6 @@ def eval_command(
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show progress bars.")] = True,
 ) -> None:
     """Run tasks for one arm; records go to <out>/records/<arm>/<task>.jsonl (resumable)."""
-    from evals.data import resolve_data_dir
-
     args = _engine_args(engine_arg or [])
     for key, value in (("batch_size", batch_size), ("device", device), ("dtype", dtype)):
         if value is not None:

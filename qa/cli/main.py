@@ -8,13 +8,24 @@ import sys
 
 import typer
 
-from qa.cli import calibrate_cmd, compare_cmd, data_cmd, eval_cmd, gate_cmd, run_cmd
+from qa.cli import (
+    calibrate_cmd,
+    compare_cmd,
+    data_cmd,
+    eval_cmd,
+    gate_cmd,
+    kv_inspect_cmd,
+    plan_cmd,
+    report_cmd,
+    run_cmd,
+)
 from qa.cli.app import app
 from qa.errors import USER_ERRORS
 from qa.logs import quiet_third_party_logs
 from quant.validation import did_you_mean
 
-COMMAND_MODULES = (calibrate_cmd, compare_cmd, data_cmd, eval_cmd, gate_cmd, run_cmd)  # each registers on `app`
+COMMAND_MODULES = (calibrate_cmd, kv_inspect_cmd, compare_cmd, plan_cmd, eval_cmd, run_cmd, gate_cmd, report_cmd,
+                   data_cmd)  # each registers on `app`
 NO_SUCH_COMMAND = re.compile(r"No such command '([^']*)'")
 
 

@@ -12,6 +12,9 @@ from evals.models import DEFAULT_MODEL
 DataDirOpt = Annotated[
     Path | None, typer.Option("--data-dir", help="Data folder laid out like shared/data (default $QA_DATA_DIR, else the hub).")
 ]
+DataOpt = Annotated[
+    str, typer.Option("--data", help="wikitext2 | gsm8k (train) | a .txt or .jsonl file (field 'text').")
+]
 ModelOpt = Annotated[str, typer.Option("--model", help="Named model, HF folder or hub id.")]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16.")]

@@ -13,16 +13,18 @@ from rich.table import Table
 from qa import api
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, PlanFromOpt, PlanPriorOpt, StrictPlanOpt
-from qa.run.dry_run import PlannedArm, dry_run
+from qa.cli.show import print_matrix
 from qa.files.verdict import RunVerdict, Verdict
+from qa.plan.power import PlanOptions, announce_plan, parse_prior_options
 
 console = Console()
 
 
-def _print_plan(spec_path: Path, planned: list[PlannedArm]) -> None:
+def _print_plan(spec_path: Path, dry: api.DryRun) -> None:
     console.print(f"[bold]dry run[/bold] of {spec_path}: spec is valid; nothing is loaded or written")
-    for arm in planned:
-        console.print(f"\n[bold]{arm.role}[/bold]: engine={arm.engine} model={arm.model}")
+    tasks = dry.resolved.tasks
+    for arm in dry.arms:
+        console.print(f"\n[bold]{arm.name}[/bold]: engine={arm.engine} model={arm.model}")
         console.print("  engine arguments: " + json.dumps(arm.engine_args, sort_keys=True, default=str))
         if arm.server is not None:
             console.print("  server (started on 127.0.0.1, base_url filled in): "
@@ -31,21 +33,12 @@ def _print_plan(spec_path: Path, planned: list[PlannedArm]) -> None:
             console.print("  environment: " + json.dumps(arm.env, sort_keys=True))
         for note in arm.notes:
             console.print(f"  note: {note}")
-        if arm.tasks:
+        if tasks and arm.engine != "lmeval":
             table = Table("task", "items available", "items", "repeats", "samples")
-            for t in arm.tasks:
-                table.add_row(t.task, str(t.items_available), str(t.items), str(t.repeats), str(t.samples))
+            for t in tasks:
+                table.add_row(t.name, str(t.items_available), str(t.n_items), str(t.repeats), str(t.samples))
             console.print(table)
-            console.print(f"  total samples: {sum(t.samples for t in arm.tasks)}")
-
-
-def print_matrix(verdict: RunVerdict) -> None:
-    """The candidate x task status matrix of a several-candidate run."""
-    tasks = list(dict.fromkeys(t for c in verdict.candidates for t in c.tasks))
-    table = Table("candidate", "verdict", *tasks, title=f"each candidate vs {verdict.baseline}")
-    for c in verdict.candidates:
-        table.add_row(c.name, c.status, *(c.tasks.get(t, "-") for t in tasks))
-    console.print(table)
+            console.print(f"  total samples: {sum(t.samples for t in tasks)}")
 
 
 def _print_verdict(verdict: Verdict | RunVerdict, run_dir: Path) -> None:
@@ -73,18 +66,12 @@ def run_command(
     plan_from: PlanFromOpt = None,
 ) -> None:
     """Calibrate (if asked) -> each arm in its own process -> compare -> gate -> report."""
-    from qa.run.pipeline import resolve_data_dir
-    from qa.plan.power import PlanOptions, announce_plan, parse_prior_options
-    from qa.files.rundir import default_run_dir
-    from qa.files.spec import load_spec
-
     plan = PlanOptions(priors=parse_prior_options(plan_prior or []), from_run=plan_from, strict=strict_plan)
     if dry:
-        spec = load_spec(spec_file)
-        data = resolve_data_dir(spec, data_dir)
-        _print_plan(spec_file, dry_run(spec, data, out or default_run_dir(spec)))
+        planned = api.dry_run(spec_file, out, data_dir=data_dir, plan=plan)
+        _print_plan(spec_file, planned)
         console.print()
-        announce_plan(spec, data, spec_file.resolve().parent, plan)  # PlanError (exit 2) under --strict-plan
+        announce_plan(planned.plan, strict_plan)  # PlanError (exit 2) under --strict-plan
         raise typer.Exit(0)
     result = api.run(spec_file, out, data_dir=data_dir, plan=plan)
     _print_verdict(result.verdict, result.run_dir)

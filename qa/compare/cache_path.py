@@ -25,6 +25,11 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from evals.records import SampleRecord
+from qa.compare.distribution import distribution_estimates, token_stats
+from qa.compare.estimate import estimate, flip_excess
+from qa.compare.generation import rate_interval
+from qa.compare.pairing import PairedTask, pair_records, paired_metric, score_keys
+from qa.errors import PairingError
 from qa.files.comparison import (
     AgreementShare,
     CacheArm,
@@ -38,12 +43,7 @@ from qa.files.comparison import (
     Flips,
     StatsSettings,
 )
-from qa.compare.distribution import distribution_estimates, token_stats
-from qa.errors import PairingError
-from qa.compare.pairing import PairedTask, pair_records, paired_metric, score_keys
 from qa.stats.basic import cluster_mean_se, flips, t_interval
-from qa.compare.estimate import estimate, flip_excess
-from qa.compare.generation import rate_interval
 
 PATHS = ("cold", "warm", "shuffled")
 Unit = tuple[str, int, int]  # (session, turn, repeat)

@@ -27,9 +27,9 @@ import numpy as np
 from scipy import stats
 
 from evals.records import TokenLogprobs
-from qa.files.comparison import ChunkValue, DistributionEstimate, DistributionMetric, Interval
-from qa.errors import PairingError
 from qa.compare.pairing import PairedTask
+from qa.errors import PairingError
+from qa.files.comparison import ChunkValue, DistributionEstimate, DistributionMetric, Interval
 from qa.stats.basic import cluster_mean_se
 
 _P_FLOOR = 1e-12  # probabilities below this are treated as this (keeps log(p/q) finite)

@@ -9,13 +9,13 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats
-from statsmodels.stats.multitest import multipletests
 
-from qa.files.comparison import Agreement, CIMethod, Estimate, ExcessFlips, Multiplicity, StatsSettings
 from qa.compare.pairing import PairedMetric, PairedTask, paired_metric
+from qa.files.comparison import Agreement, CIMethod, Estimate, ExcessFlips, Multiplicity, StatsSettings
 from qa.stats.basic import cluster_mean_se, flips, share, wilson
 from qa.stats.bootstrap import bootstrap_delta
 from qa.stats.intervals import delta_interval, is_degenerate, p_two_sided
+from qa.stats.multiplicity import benjamini_hochberg
 from qa.stats.paired_tests import discordant_items, mcnemar
 
 STORED_LEVELS = (0.90, 0.95)  # two-sided levels whose intervals comparison.json carries
@@ -130,24 +130,12 @@ def flip_excess(x: np.ndarray, y: np.ndarray, aa_delta: float | None, aa_z: floa
     )
 
 
-def holm(p_values: Sequence[float]) -> list[float]:
-    """Holm's step-down adjusted p-values, in the input's order (statsmodels' `multipletests(method="holm")`
-    without its gc.collect(), which costs seconds per call in a process holding a model)."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    out = [0.0] * len(p_values)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p_values) - rank) * p_values[i]))
-        out[i] = running
-    return out
-
-
 def adjust_multiplicity(estimates: Sequence[Estimate]) -> list[Estimate]:
     """Benjamini-Hochberg on the two-sided p for delta = 0 across the estimates that have one (flags
-    for sub-tasks, never the gate; statsmodels multipletests). Returns new estimates."""
+    for sub-tasks, never the gate). Returns new estimates."""
     out = list(estimates)
     have = [i for i, e in enumerate(out) if e.multiplicity is not None and e.multiplicity.p_diff is not None]
-    q = multipletests([out[i].multiplicity.p_diff for i in have], method="fdr_bh")[1] if have else []  # type: ignore[union-attr]
+    q = benjamini_hochberg([out[i].multiplicity.p_diff for i in have])  # type: ignore[misc]
     q_of = {i: float(v) for i, v in zip(have, q, strict=True)}
     for i, e in enumerate(out):
         p_diff = e.multiplicity.p_diff if e.multiplicity is not None else None

@@ -17,12 +17,11 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from statsmodels.stats.proportion import proportion_confint
 
-from qa.files.comparison import ArmGeneration, Estimate, GenerationEstimate, Interval, StatsSettings
-from qa.compare.pairing import PairedMetric, PairedTask, paired_generation
-from qa.stats.basic import cluster_mean_se, wilson
 from qa.compare.estimate import estimate
+from qa.compare.pairing import PairedMetric, PairedTask, paired_generation
+from qa.files.comparison import ArmGeneration, Estimate, GenerationEstimate, Interval, StatsSettings
+from qa.stats.basic import cluster_mean_se, wilson, wilson_bounds
 
 
 def rate_interval(values: np.ndarray, clusters: np.ndarray, conf: float = 0.95) -> Interval:
@@ -39,8 +38,8 @@ def rate_interval(values: np.ndarray, clusters: np.ndarray, conf: float = 0.95) 
     else:
         _, se, _ = cluster_mean_se(values, clusters)
         m_eff = m if not se else min(float(m), p * (1 - p) / se**2)
-    lo, hi = proportion_confint(p * m_eff, m_eff, alpha=1 - conf, method="wilson")
-    return Interval(lower=max(0.0, float(lo)), upper=min(1.0, float(hi)))
+    lo, hi = wilson_bounds(p * m_eff, m_eff, conf)
+    return Interval(lower=lo, upper=hi)
 
 
 def _sample_clusters(pm: PairedMetric) -> np.ndarray:

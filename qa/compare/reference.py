@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from evals.records import SampleRecord
-from qa.files.comparison import ReferenceEstimate, ReferenceStat
 from qa.compare.distribution import token_stats
-from qa.errors import PairingError
 from qa.compare.pairing import PairedTask
+from qa.errors import PairingError
+from qa.files.comparison import ReferenceEstimate, ReferenceStat
 from qa.stats.basic import cluster_mean_se, t_interval
 
 REFERENCE_ERROR_KEY = "reference_error"  # evals.reference.META_KEY: the engine could not score it

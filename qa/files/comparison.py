@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from qa.errors import QAError
+from qa.files.comparison_v1 import migrate_v1
 from qa.files.estimates import (
     COMPARISON_SCHEMA_VERSION,
     SIGN_CONVENTION,
@@ -261,8 +262,6 @@ def load_comparison(path: Path) -> Comparison:
     except json.JSONDecodeError as exc:
         raise QAError(f"{path}: not valid JSON ({exc.msg}); re-run `qa compare`") from None
     if isinstance(data, dict) and data.get("schema_version") == 1:
-        from qa.files.comparison_v1 import migrate_v1
-
         data = migrate_v1(data)
     if not isinstance(data, dict) or data.get("schema_version") != COMPARISON_SCHEMA_VERSION:
         version = data.get("schema_version") if isinstance(data, dict) else None

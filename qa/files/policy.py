@@ -204,13 +204,7 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
 
 def load_policy(path: Path | None = None) -> Policy:
     """Read a policy file; None loads the shipped default policy."""
-    if path is None:
-        return default_policy()
-    if not path.is_file():
-        raise PolicyError(
-            f"{path}: no such policy file; pass --policy PATH or omit it for the shipped default"
-        )
-    return parse_policy(path.read_text(encoding="utf-8"), str(path))
+    return parse_policy(policy_text(path), str(path) if path is not None else f"qa/policies/{DEFAULT_POLICY_NAME}")
 
 
 def default_policy_text() -> str:
@@ -220,15 +214,32 @@ def default_policy_text() -> str:
 
 def default_policy() -> Policy:
     """The shipped default: non-inferiority at a 2-point margin, always reporting the 1.5-SE rule."""
-    return parse_policy(default_policy_text(), f"qa/policies/{DEFAULT_POLICY_NAME}")
+    return load_policy(None)
 
 
-def resolve_policy(ref: str | Path | None, relative_to: Path | None = None) -> Policy:
-    """A policy named by a spec or the CLI: None or "default" is the shipped default; anything
-    else is a TOML path, taken relative to `relative_to` when it is not absolute."""
+def policy_path(ref: str | Path | None, relative_to: Path | None = None) -> Path | None:
+    """The file a spec or the CLI names as its policy: None for None or "default" (the shipped default);
+    else a TOML path, as given when it exists or is absolute, else relative to `relative_to`."""
     if ref is None or str(ref) == "default":
-        return default_policy()
+        return None
     path = Path(ref)
     if not path.is_absolute() and relative_to is not None and not path.exists():
         path = relative_to / path
-    return load_policy(path)
+    return path
+
+
+def policy_text(path: Path | None) -> str:
+    """The TOML text of a policy file (None: the shipped default); PolicyError when there is no such file."""
+    if path is None:
+        return default_policy_text()
+    if not path.is_file():
+        raise PolicyError(f"{path}: no such policy file; pass --policy PATH or omit it for the shipped default")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: cannot read the policy ({exc})") from None
+
+
+def resolve_policy(ref: str | Path | None, relative_to: Path | None = None) -> Policy:
+    """The policy a spec or the CLI names (`policy_path`), parsed."""
+    return load_policy(policy_path(ref, relative_to))

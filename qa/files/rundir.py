@@ -1,6 +1,8 @@
 """The run directory: `RunDir` owns every path in it and loads/saves each file with its model.
 
-    <run>/spec.toml                 the resolved spec (RunSpec)
+    <run>/spec.toml                 the spec, every default written out (RunSpec)
+    <run>/resolved.json             what `qa run` resolved from it (qa.files.resolved.ResolvedRecord)
+    <run>/policy.toml               the bytes of the gate policy it resolved (sha256 in resolved.json)
     <run>/env.json                  versions, git sha, hardware, model and data hashes
     <run>/calibration/kv_scales.*   static KV scales (safetensors + JSON sidecar)
     <run>/records/<arm>/*.jsonl     one SampleRecord per (item, repeat), plus arm.json
@@ -21,11 +23,16 @@ spec is refused before anything is written, so a finished run is never overwritt
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from evals.server_log import server_log_path
+from qa.errors import PolicyError, SpecError
 from qa.files.comparison import Comparison, load_comparison, save_comparison
-from qa.errors import SpecError
+from qa.files.policy import Policy, parse_policy, resolve_policy
+from qa.files.resolved import ResolvedRecord, load_resolved, save_resolved, text_sha256
+from qa.files.spec import RunSpec, dump_spec, parse_spec
 from qa.files.verdict import (
     RunVerdict,
     Verdict,
@@ -34,10 +41,11 @@ from qa.files.verdict import (
     save_run_verdict,
     save_verdict,
 )
-from qa.files.spec import RunSpec, dump_spec, parse_spec
 from quant.fileio import atomic_write_text, sha256_file
 
 SPEC_FILE = "spec.toml"
+RESOLVED_FILE = "resolved.json"
+POLICY_FILE = "policy.toml"
 CANDIDATES = "candidates"
 
 
@@ -60,9 +68,19 @@ class RunDir:
         return RunDir(self.root / CANDIDATES / name)
 
     @property
-    def spec(self) -> Path:
-        """The resolved spec."""
+    def spec_file(self) -> Path:
+        """spec.toml: the spec with every default written out."""
         return self.top / SPEC_FILE
+
+    @property
+    def resolved(self) -> Path:
+        """resolved.json: what `qa run` resolved from the spec (qa.files.resolved)."""
+        return self.top / RESOLVED_FILE
+
+    @property
+    def policy_file(self) -> Path:
+        """policy.toml: the bytes of the policy the run resolved."""
+        return self.top / POLICY_FILE
 
     @property
     def env(self) -> Path:
@@ -90,13 +108,11 @@ class RunDir:
 
     def server_log(self, arm: str) -> Path:
         """Where the server `qa run` started for an arm writes its log (evals.server_log reads it there)."""
-        from evals.server_log import server_log_path
-
         return server_log_path(self.top, arm)
 
     @property
     def sequential_log(self) -> Path:
-        """logs/sequential.jsonl: every worker start and block of a sequential run (qa.run.sequential)."""
+        """logs/sequential.jsonl: every worker start and block of a sequential run (qa.pipeline.sequential)."""
         return self.top / "logs" / "sequential.jsonl"
 
     @property
@@ -137,10 +153,51 @@ class RunDir:
         return self.root / "plots"
 
     def load_spec(self) -> RunSpec:
-        """The resolved spec of an existing run directory; SpecError when there is none."""
-        if not self.spec.exists():
-            raise SpecError(f"{self.root}: not a run directory (no {self.spec.name})")
-        return parse_spec(self.spec.read_text(encoding="utf-8"), str(self.spec))
+        """The spec of an existing run directory; SpecError when there is none."""
+        if not self.spec_file.exists():
+            raise SpecError(f"{self.root}: not a run directory (no {self.spec_file.name})")
+        return parse_spec(self.spec_file.read_text(encoding="utf-8"), str(self.spec_file))
+
+    def load_resolved(self) -> ResolvedRecord:
+        """resolved.json (a one-line QAError when missing or invalid)."""
+        return load_resolved(self.resolved)
+
+    def save_resolved(self, record: ResolvedRecord, policy_text: str) -> None:
+        """Write policy.toml (the policy's bytes), then resolved.json, atomically."""
+        atomic_write_text(self.policy_file, policy_text)
+        save_resolved(self.resolved, record)
+
+    def recorded_policy(self) -> Policy:
+        """The policy the run was resolved with: policy.toml, checked against resolved.json's sha256. A run
+        directory older than resolved.json: the policy its spec.toml names ("default", else a path, relative
+        to the run directory or to the working directory); PolicyError when it cannot be found."""
+        if self.resolved.is_file():
+            record = self.load_resolved().policy
+            try:
+                text = self.policy_file.read_text(encoding="utf-8")
+            except OSError:
+                raise PolicyError(f"{self.policy_file}: missing (resolved.json names policy {record.name!r}, "
+                                  f"sha256 {record.sha256[:12]}); pass --policy") from None
+            if text_sha256(text) != record.sha256:
+                raise PolicyError(f"{self.policy_file}: its sha256 is not the one resolved.json records "
+                                  f"({record.sha256[:12]}): the file was changed; pass --policy")
+            return parse_policy(text, str(self.policy_file))
+        return self._legacy_policy()
+
+    def _legacy_policy(self) -> Policy:
+        if not self.spec_file.is_file():
+            return resolve_policy(None)
+        try:
+            ref = tomllib.loads(self.spec_file.read_text(encoding="utf-8")).get("policy", "default")
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"{self.spec_file}: not valid TOML ({exc}); pass --policy") from None
+        if not isinstance(ref, str) or ref == "default":
+            return resolve_policy(None)
+        for base in (self.top, Path.cwd()):
+            if (base / ref).is_file():
+                return resolve_policy(ref, base)
+        raise PolicyError(f"{self.top}: its spec.toml names policy {ref!r}, which is neither in the run directory "
+                          "nor in the working directory, and the run predates resolved.json; pass --policy")
 
     def load_comparison(self) -> Comparison:
         """comparison.json (a one-line QAError when missing or invalid)."""
@@ -180,7 +237,7 @@ def prepare_run_dir(spec: RunSpec, run_dir: Path, *, check_only: bool = False) -
     """Create `run_dir` with its spec.toml, or check that it already holds this same spec
     (`check_only`: refuse a folder of another run, but create nothing)."""
     rd = RunDir(run_dir)
-    if rd.spec.exists():
+    if rd.spec_file.exists():
         old = rd.load_spec()
         if old != spec:
             changed = sorted(k for k in RunSpec.model_fields if getattr(old, k) != getattr(spec, k))
@@ -188,8 +245,8 @@ def prepare_run_dir(spec: RunSpec, run_dir: Path, *, check_only: bool = False) -
                             "pass a new --out folder, or delete that folder to start over")
         return rd
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise SpecError(f"{run_dir} is not empty and holds no {rd.spec.name}; pass a new --out folder")
+        raise SpecError(f"{run_dir} is not empty and holds no {rd.spec_file.name}; pass a new --out folder")
     if not check_only:
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(rd.spec, dump_spec(spec))
+        atomic_write_text(rd.spec_file, dump_spec(spec))
     return rd

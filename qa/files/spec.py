@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
+import tomli_w
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -286,7 +287,5 @@ def load_spec(path: Path) -> RunSpec:
 
 def dump_spec(spec: RunSpec) -> str:
     """The resolved spec as TOML, every default written out (the run directory's spec.toml)."""
-    import tomli_w
-
     data = spec.model_dump(mode="json", exclude_none=True, by_alias=True)  # arms.baseline.from, as written
     return tomli_w.dumps(data)

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from qa.files.comparison import CacheArm, CacheKLDelta, CachePathEstimate, Comparison, Estimate, ExcessFlips
-from qa.files.verdict import Kind, RuleResult, TaskVerdict
 from qa.files.policy import TaskPolicy
+from qa.files.verdict import Kind, RuleResult, TaskVerdict
 from qa.stats.basic import t_interval
 from qa.textfmt import ci_text, percent
 

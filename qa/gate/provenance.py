@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from evals.arm import ARM_FILE, ArmManifest
+from evals.errors import RecordError
 from evals.provenance import STATIC_ORIGINS, KVProvenance
-from qa.files.verdict import Verdict
 from qa.files.policy import Policy
+from qa.files.verdict import Verdict
 
 Finding = Literal["ok", "missing", "defaulted_unasked", "not_judged"]
 
@@ -31,13 +33,15 @@ class ScalesCheck:
 
 
 def load_kv_provenance(arm_dir: Path) -> KVProvenance | None:
-    """The `engine_info.kv` of records/<arm>/arm.json; None when the arm has no manifest or no provenance."""
-    from evals.arm import ARM_FILE, ArmManifest
-
+    """The `engine_info.kv` of records/<arm>/arm.json; None when the arm has no manifest, an unreadable one
+    (lm-eval imports, hand-made folders: not judged) or no provenance."""
     path = arm_dir / ARM_FILE
     if not path.is_file():
         return None
-    info = ArmManifest.load(path).engine_info
+    try:
+        info = ArmManifest.load(path).engine_info
+    except RecordError:
+        return None
     return info.kv if info is not None else None
 
 
@@ -62,15 +66,3 @@ def apply_scales_rule(verdict: Verdict, check: ScalesCheck, policy: Policy) -> V
     if check.finding in ("missing", "defaulted_unasked"):
         return verdict.model_copy(update={"summary": f"{verdict.summary}; warning: {check.message}"})
     return verdict
-
-
-def scales_rule(verdict: Verdict, candidate_dir: Path, policy: Policy) -> Verdict:
-    """`verdict` with the scales rule applied to the candidate whose records are in `candidate_dir`
-    (unchanged when its arm.json is missing, unreadable or holds no provenance)."""
-    from evals.errors import RecordError
-
-    try:
-        kv = load_kv_provenance(candidate_dir)
-    except RecordError:
-        return verdict
-    return apply_scales_rule(verdict, check_scales(verdict.candidate, kv), policy)

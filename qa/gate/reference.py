@@ -18,8 +18,8 @@ from __future__ import annotations
 from scipy import stats as sps
 
 from qa.files.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
-from qa.files.verdict import RuleName, RuleResult, Status, TaskVerdict
 from qa.files.policy import TaskPolicy
+from qa.files.verdict import RuleName, RuleResult, Status, TaskVerdict
 
 
 def stat_interval(stat: ReferenceStat | None, level: float) -> Interval | None:

@@ -1,4 +1,5 @@
-"""The only code that decides: every task of a comparison under a policy, then the run.
+"""The accuracy rules: every task of a comparison under a policy, then the run (qa.gate.decide adds the
+KV-scale provenance rule; that is the gate every caller uses).
 
 Works from comparison.json numbers alone (schema 2: estimates, SEs, interval methods, counts), so a
 new policy re-gates an old run without re-running anything, and shows only that policy's warnings.
@@ -29,14 +30,14 @@ from __future__ import annotations
 
 from scipy import stats as sps
 
-from qa.files.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
 from qa.errors import PolicyError
+from qa.files.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
+from qa.files.policy import AUTO_METRICS, Policy, TaskPolicy
+from qa.files.verdict import RuleResult, Status, TaskVerdict, Verdict
 from qa.gate.cache_path import with_cache_path
 from qa.gate.reference import with_reference
-from qa.files.verdict import RuleResult, Status, TaskVerdict, Verdict
-from qa.files.policy import AUTO_METRICS, Policy, TaskPolicy
-from qa.compare.estimate import holm
 from qa.stats.intervals import delta_interval, p_below
+from qa.stats.multiplicity import holm
 from qa.stats.power import items_needed, mde, repeats_needed
 from qa.textfmt import ci_text, percent, pts
 
@@ -292,8 +293,9 @@ def _with_holm(verdicts: list[TaskVerdict]) -> list[TaskVerdict]:
     return out
 
 
-def decide(comparison: Comparison, policy: Policy, comparison_sha256: str | None = None) -> Verdict:
-    """Decide every task of `comparison` under `policy`; pass only if every task passes."""
+def apply_rules(comparison: Comparison, policy: Policy, comparison_sha256: str | None = None) -> Verdict:
+    """Every rule of this module on every task of `comparison` under `policy`; pass only if every task passes.
+    The gate (qa.gate.decide) adds the KV-scale provenance rule."""
     tasks_in = list(dict.fromkeys(e.task for e in comparison.estimates))
     verdicts: list[TaskVerdict] = []
     for task in tasks_in:

@@ -22,8 +22,8 @@ Pass and fail are two one-sided tests of different nulls, each at alpha; neither
 from __future__ import annotations
 
 from qa.files.comparison import Estimate, SequentialLook, SequentialTask
-from qa.gate.rules import error_rate, no_information
 from qa.files.policy import TaskPolicy
+from qa.gate.rules import error_rate, no_information
 from qa.stats.intervals import delta_interval
 from qa.stats.sequential import Design, adjusted_level, boundaries_at, cumulative_alpha, look_sizes, spent
 

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from evals.engines.base import GenerateRequest
-from qa.files.comparison import ReferenceEstimate
 from qa.errors import PolicyError, QAError
+from qa.files.comparison import ReferenceEstimate, load_comparison
 from qa.files.policy import Policy, TaskPolicy
-from qa.files.spec import RunSpec
+from qa.gate.rules import no_information, select_estimate
+from qa.plan.sample_size import sample_size_plan
 from qa.stats.intervals import degenerate_interval
 from qa.stats.power import items_needed, z_total
 from qa.textfmt import pts
@@ -70,21 +70,31 @@ class PlanOptions:
     strict: bool = False
 
 
-@dataclass(frozen=True)
-class TaskCount:
-    """A task as the spec runs it: items after the limit, repeats, whether it samples."""
+class CountedTask(Protocol):
+    """A task as a run runs it (qa.pipeline.resolved.ResolvedTask is one): items after the limit, repeats,
+    whether it samples."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def items_available(self) -> int: ...
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def repeats(self) -> int: ...
+    @property
+    def sampled(self) -> bool: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskPlan:
+    """One task's plan; `sd` None means not planned (`note` says why)."""
 
     task: str
     items_available: int
     items: int
     repeats: int
     sampled: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskPlan(TaskCount):
-    """One task's plan; `sd` None means not planned (`note` says why)."""
-
     metric: str
     margin: float
     alpha: float
@@ -161,8 +171,6 @@ def default_prior(defaults: dict[str, float], repeats: int, sampled: bool) -> Pr
     if not sampled:
         f = defaults["flip_rate"]
         return Prior(sd=math.sqrt(f), source=f"default: greedy, flip rate {f:g}")
-    from qa.plan.sample_size import sample_size_plan
-
     p, rho, w = defaults["accuracy"], defaults["rho"], defaults["within_share"]
     per_sample = sample_size_plan("-", 0.02, accuracy=p, rho=rho).sd_diff
     sd = per_sample * math.sqrt(1 - w + w / repeats)  # qa.plan.sample_size's model of K repeats
@@ -191,9 +199,6 @@ def parse_prior_options(values: Sequence[str]) -> dict[str, float]:
 def run_priors(run_dir: Path, model: str, policy: Policy, tasks: Sequence[str]) -> dict[str, Prior]:
     """Priors from an earlier run of the same model: each task's gated estimate in RUN_DIR/comparison.json
     (RUN_DIR may be a run root or a candidates/<name>/ folder of a several-candidate run)."""
-    from qa.files.comparison import load_comparison
-    from qa.gate.rules import no_information, select_estimate
-
     if not (run_dir / "comparison.json").is_file():
         raise PlanError(f"--plan-from {run_dir}: no comparison.json there (a run directory, or its "
                         "candidates/<name>/ folder for a run with several candidates)")
@@ -251,38 +256,39 @@ def plan_reference(plan: TaskPlan, tp: TaskPolicy, prior: Prior) -> TaskPlan:
     return replace(plan, note=note, reference_reachable=ok)
 
 
-def choose_prior(count: TaskCount, tp: TaskPolicy, model: str, explicit: dict[str, float],
+def choose_prior(count: CountedTask, tp: TaskPolicy, model: str, explicit: dict[str, float],
                  earlier: dict[str, Prior], table: dict[str, Prior], defaults: dict[str, float]) -> Prior:
     """The first prior that applies: explicit, the earlier run (same metric), the table (same metric; greedy
     tasks only: it was measured greedy), the default."""
-    if count.task in explicit:
-        return Prior(sd=explicit[count.task], source="--plan-prior")
-    for prior in (earlier.get(count.task), table.get(count.task)):
+    if count.name in explicit:
+        return Prior(sd=explicit[count.name], source="--plan-prior")
+    for prior in (earlier.get(count.name), table.get(count.name)):
         if prior is None or (tp.metric is not None and prior.metric not in (None, tp.metric)):
             continue
         if prior.no_information is not None and prior.model != model:
             continue  # the sd of another model's floor says nothing here
-        if count.sampled and prior is table.get(count.task):
+        if count.sampled and prior is table.get(count.name):
             continue  # the table was measured greedy; sampling adds within-item noise
         return prior
     return default_prior(defaults, count.repeats, count.sampled)
 
 
-def plan_task(count: TaskCount, tp: TaskPolicy, prior: Prior, model: str) -> TaskPlan:
+def plan_task(count: CountedTask, tp: TaskPolicy, prior: Prior, model: str) -> TaskPlan:
     """One task's plan under its resolved policy and prior."""
-    base = TaskPlan(**vars(count), metric=tp.metric or prior.metric or "auto", margin=tp.margin, alpha=tp.alpha,
+    base = TaskPlan(task=count.name, items_available=count.items_available, items=count.n_items,
+                    repeats=count.repeats, sampled=count.sampled, metric=tp.metric or prior.metric or "auto", margin=tp.margin, alpha=tp.alpha,
                     power=tp.power, min_n=tp.min_n, source=prior.source)
     if not any(r in MARGIN_RULES for r in tp.rules):
         return replace(base, source="-", note=f"not planned: gated on {', '.join(tp.rules)} only (no margin)")
     if prior.no_information is not None and prior.model == model:
         return plan_reference(base, tp, prior)
     needed = items_needed(prior.sd, tp.margin, tp.alpha, tp.power)
-    if count.items < 2:
+    if count.n_items < 2:
         mde = None
     elif prior.sd > 0:
-        mde = z_total(tp.alpha, tp.power) * prior.sd / math.sqrt(count.items)
+        mde = z_total(tp.alpha, tp.power) * prior.sd / math.sqrt(count.n_items)
     else:  # every difference equal: the exact bound is the limit (qa.stats.power.mde)
-        mde = -degenerate_interval(0.0, count.items, 1.0, 1 - 2 * tp.alpha).lower
+        mde = -degenerate_interval(0.0, count.n_items, 1.0, 1 - 2 * tp.alpha).lower
     notes = []
     if tp.looks:
         notes.append(f"sequential looks {list(tp.looks)}: planned at fixed n; the last look's adjusted level "
@@ -293,11 +299,11 @@ def plan_task(count: TaskCount, tp: TaskPolicy, prior: Prior, model: str) -> Tas
                     note="; ".join(notes))
 
 
-def plan_run(counts: Sequence[TaskCount], policy: Policy, model: str, options: PlanOptions | None = None,
+def plan_run(counts: Sequence[CountedTask], policy: Policy, model: str, options: PlanOptions | None = None,
              priors_text: str | None = None) -> RunPlan:
     """The plan of every task: priors chosen per task (see the module docstring), then plan_task."""
     options = options or PlanOptions()
-    names = [c.task for c in counts]
+    names = [c.name for c in counts]
     for task in options.priors:
         if task not in names:
             raise PlanError(f"--plan-prior {task}=...: no task {task!r} in the spec; "
@@ -306,35 +312,9 @@ def plan_run(counts: Sequence[TaskCount], policy: Policy, model: str, options: P
     table, defaults = table_priors(priors_text)
     out = []
     for c in counts:
-        tp = policy.for_task(c.task)
+        tp = policy.for_task(c.name)
         out.append(plan_task(c, tp, choose_prior(c, tp, model, options.priors, earlier, table, defaults), model))
     return RunPlan(tuple(out))
-
-
-def task_counts(spec: RunSpec, data_dir: Path | None) -> list[TaskCount]:
-    """Each spec task's items (after its limit, from the task's own item list: no engine) and repeats."""
-    from evals.tasks import get_task
-    from qa.run.arm_inputs import task_options
-
-    out = []
-    for t in spec.tasks:
-        task = get_task(t.name, task_options(t, spec.chat), spec.model)
-        items = task.items(data_dir)
-        sampled = False
-        if items:
-            req = task.request(items[0], repeat=0, seed=spec.seed)
-            sampled = isinstance(req, GenerateRequest) and req.temperature > 0
-        n = len(items)
-        out.append(TaskCount(t.name, n, min(n, t.limit) if t.limit else n, t.repeats, sampled))
-    return out
-
-
-def plan_for_spec(spec: RunSpec, data_dir: Path | None, spec_dir: Path | None,
-                  options: PlanOptions | None = None) -> RunPlan:
-    """The plan of a RunSpec under the policy it names (resolved relative to `spec_dir`)."""
-    from qa.files.policy import resolve_policy
-
-    return plan_run(task_counts(spec, data_dir), resolve_policy(spec.policy, spec_dir), spec.model, options)
 
 
 def plan_lines(plan: RunPlan) -> list[str]:
@@ -368,13 +348,10 @@ def check_plan(plan: RunPlan, strict: bool) -> list[str]:
     return plan.warnings()
 
 
-def announce_plan(spec: RunSpec, data_dir: Path | None, spec_dir: Path | None,
-                  options: PlanOptions | None = None) -> RunPlan:
+def announce_plan(plan: RunPlan, strict: bool = False) -> None:
     """Print the plan and its warnings (the start of `qa run`); PlanError under --strict-plan."""
-    plan = plan_for_spec(spec, data_dir, spec_dir, options)
     print("power plan (before any arm starts):" if plan.tasks else "power plan: no tasks to plan")
     for line in plan_lines(plan) if plan.tasks else []:
         print("  " + line, flush=True)
-    for w in check_plan(plan, options.strict if options is not None else False):
+    for w in check_plan(plan, strict):
         print(f"warning: {w}", flush=True)
-    return plan

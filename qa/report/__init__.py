@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qa.files.policy import Policy
+from qa.files.rundir import RunDir
 from qa.report.figures import make_figures
 from qa.report.gather import gather
 from qa.report.html import render_html
 from qa.report.markdown import render_markdown
-from qa.files.rundir import RunDir
 from quant.fileio import atomic_write_bytes, atomic_write_text
 
 

@@ -10,16 +10,15 @@ from pathlib import Path
 
 from evals.arm import ARM_FILE, ArmManifest
 from evals.errors import RecordError
-from qa.api import policy_for_run
-from qa.files.comparison import Comparison, Estimate
 from qa.errors import QAError
-from qa.gate.rules import decide
-from qa.files.verdict import TaskVerdict, Verdict
+from qa.files.comparison import Comparison, Estimate
 from qa.files.policy import Policy
-from qa.report.examples import Example, find_examples
 from qa.files.rundir import RunDir
+from qa.files.verdict import TaskVerdict, Verdict
+from qa.gate.decide import decide_folder
+from qa.report.examples import Example, find_examples
 from quant.errors import QuantError
-from quant.inspect import InspectReport, load_inspect
+from quant.inspect_report import InspectReport, load_inspect
 
 
 @dataclass(frozen=True)
@@ -50,21 +49,21 @@ class ReportInputs:
 def resolve_verdict(rd: RunDir, comparison: Comparison, policy: Policy | None) -> tuple[Verdict, str]:
     """The verdict to show and where it comes from: `policy` given -> decided under it; else verdict.json
     when it was made from these comparison.json bytes; else decided again under verdict.json's policy
-    (stale) or, with no verdict.json, under the run's policy (`qa.api.policy_for_run`)."""
-    sha = rd.comparison_sha256()
+    (stale) or, with no verdict.json, under the policy the run recorded (`RunDir.recorded_policy`). Every
+    decision is the gate's own (`qa.gate.decide.decide_folder`: every rule, the KV-scale rule included)."""
     if policy is not None:
-        return decide(comparison, policy, sha), f"evaluated for this report under policy '{policy.name}'"
+        return decide_folder(rd, policy, comparison), f"evaluated for this report under policy '{policy.name}'"
     if rd.verdict.is_file():
         verdict = rd.load_verdict()
-        if verdict.comparison_sha256 == sha:
+        if verdict.comparison_sha256 == rd.comparison_sha256():
             return verdict, "verdict.json"
         return (
-            decide(comparison, verdict.policy, sha),
+            decide_folder(rd, verdict.policy, comparison),
             "re-evaluated: verdict.json was made from another comparison.json; same policy",
         )
-    chosen = policy_for_run(rd.root)
-    return decide(comparison, chosen, sha), (
-        f"no verdict.json: evaluated under policy '{chosen.name}' (the spec's, else the shipped default)"
+    chosen = rd.recorded_policy()
+    return decide_folder(rd, chosen, comparison), (
+        f"no verdict.json: evaluated under policy '{chosen.name}' (the run's, else the shipped default)"
     )
 
 
@@ -128,7 +127,7 @@ def gather(run_dir: Path, policy: Policy | None = None) -> ReportInputs:
         comparison=comparison,
         verdict=verdict,
         verdict_source=source,
-        spec_text=rd.spec.read_text(encoding="utf-8", errors="replace") if rd.spec.is_file() else None,
+        spec_text=rd.spec_file.read_text(encoding="utf-8", errors="replace") if rd.spec_file.is_file() else None,
         env=read_env(rd),
         kv=kv,
         kv_problem=kv_problem,

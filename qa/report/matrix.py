@@ -7,10 +7,10 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from qa.gate.summary import STATUS_MARK, matrix_markdown, matrix_tasks
-from qa.files.verdict import RunVerdict, Verdict
-from qa.report.html import CSP, CSS, html_table
 from qa.files.rundir import RunDir
+from qa.files.verdict import RunVerdict, Verdict
+from qa.gate.summary import STATUS_MARK, matrix_markdown, matrix_tasks
+from qa.report.html import CSP, CSS, html_table
 from qa.textfmt import md_cell, pts
 from quant.fileio import atomic_write_text
 

@@ -11,12 +11,13 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from quant.fileio import atomic_write_bytes
-from quant.inspect import InspectReport
+from quant.inspect_report import InspectReport
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 STATUS_COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700"}
 GREY = "#57606a"
@@ -59,8 +60,17 @@ def _label(text: str) -> str:
     return text.replace("$", r"\$")
 
 
-def _png(fig: Figure) -> bytes:
+def _figure(width: float, height: float) -> Figure:
+    """A new figure on the Agg canvas (matplotlib is imported only when a figure is drawn)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # matplotlib: only when a figure is drawn
+    from matplotlib.figure import Figure  # matplotlib: only when a figure is drawn
+
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
     return buf.getvalue()
@@ -68,7 +78,7 @@ def _png(fig: Figure) -> bytes:
 
 def forest_plot(rows: list[ForestRow]) -> bytes:
     """Delta per task in points: thick bar = the gate's (1 - 2 alpha) CI, thin = 95%; lines at 0 and -margin."""
-    fig = Figure(figsize=(8.0, 1.1 + 0.55 * len(rows)))
+    fig = _figure(8.0, 1.1 + 0.55 * len(rows))
     ax = fig.add_subplot()
     ys = list(range(len(rows)))[::-1]
     margins = {r.margin for r in rows}
@@ -113,7 +123,7 @@ def forest_plot(rows: list[ForestRow]) -> bytes:
 
 def flips_plot(rows: list[FlipRow]) -> bytes:
     """Diverging bars per task: regressions (n10) to the left, improvements (n01) to the right."""
-    fig = Figure(figsize=(8.0, 1.1 + 0.5 * len(rows)))
+    fig = _figure(8.0, 1.1 + 0.5 * len(rows))
     ax = fig.add_subplot()
     ys = list(range(len(rows)))[::-1]
     ax.barh(
@@ -150,7 +160,7 @@ def flips_plot(rows: list[FlipRow]) -> bytes:
 
 def kl_plot(label: str, per_chunk: list[float], mean: float) -> bytes:
     """Histogram of per-chunk mean KL(base || cand) in nats, with the overall mean per token."""
-    fig = Figure(figsize=(8.0, 3.0))
+    fig = _figure(8.0, 3.0)
     ax = fig.add_subplot()
     ax.hist(per_chunk, bins=min(40, max(5, len(per_chunk) // 2)), color="#0969da", alpha=0.8)
     ax.axvline(mean, color="black", lw=1.5, label=f"mean per token {mean:.4g}")
@@ -166,7 +176,7 @@ def kl_plot(label: str, per_chunk: list[float], mean: float) -> bytes:
 def kv_error_plot(rows: list[KVLayerRow]) -> bytes:
     """Per layer: grouped bars of K and V SQNR (dB, higher = smaller error; exact layers drawn hatched
     at the top of the axis) above bars of the attention output's relative error."""
-    fig = Figure(figsize=(max(6.0, 0.32 * len(rows) + 2), 5.2))
+    fig = _figure(max(6.0, 0.32 * len(rows) + 2), 5.2)
     ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
     xs = list(range(len(rows)))
     finite = [v for r in rows for v in (r.k_sqnr_db, r.v_sqnr_db) if math.isfinite(v)]

@@ -8,9 +8,9 @@ from html import escape
 
 from evals.errors import RecordError
 from evals.provenance import KVProvenance
+from qa.files.rundir import RunDir
 from qa.gate.provenance import check_scales, load_kv_provenance
 from qa.report.gather import ReportInputs
-from qa.files.rundir import RunDir
 from qa.textfmt import md_cell
 
 TITLE = "KV cache and scales that ran"

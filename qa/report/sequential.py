@@ -1,5 +1,5 @@
 """The report's "Sequential looks" section: per task of a sequential run (comparison.json `sequential`,
-written by qa.run.sequential), each look's items, critical value, adjusted level, interval of delta and
+written by qa.pipeline.sequential), each look's items, critical value, adjusted level, interval of delta and
 decision; where the task stopped and how many items that saved; and the items saved over all tasks."""
 
 from __future__ import annotations

@@ -10,17 +10,28 @@ from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats
-from statsmodels.stats.proportion import proportion_confint
 
 from qa.files.comparison import AgreementShare, Flips, Interval
 
 
+def wilson_bounds(k: float, n: float, conf: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a share k/n (k, n may be effective, non-integer counts), clipped to [0, 1]:
+    (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n), z = Phi^-1(1 - (1-conf)/2) (Wilson 1927;
+    statsmodels' proportion_confint(method="wilson"), checked against it in the tests)."""
+    z = float(stats.norm.isf((1 - conf) / 2))
+    p, z2 = k / n, z * z
+    denom = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    return max(0.0, center - half), min(1.0, center + half)  # clip float noise at 0 and 1
+
+
 def wilson(k: int, n: int, conf: float = 0.95) -> Interval:
-    """Wilson score interval for a binomial share k/n (statsmodels proportion_confint)."""
+    """Wilson score interval for a binomial share k/n ([0, 1] when n = 0)."""
     if n == 0:
         return Interval(lower=0.0, upper=1.0)
-    lo, hi = proportion_confint(k, n, alpha=1 - conf, method="wilson")
-    return Interval(lower=max(0.0, float(lo)), upper=min(1.0, float(hi)))  # clip float noise at 0 and 1
+    lo, hi = wilson_bounds(k, n, conf)
+    return Interval(lower=lo, upper=hi)
 
 
 def cluster_mean_se(x: np.ndarray, clusters: Sequence[str] | np.ndarray | None) -> tuple[float, float | None, int]:

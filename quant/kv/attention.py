@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from quant.formats import FP8Format
+from quant.formats import FP8Format, get_format
 from quant.kv_profiles import AMX_FLUSH_BELOW, amx_fp8_attention, get_profile, round_query
 from quant.kv_spec import KVQuantSpec
 
@@ -28,11 +28,9 @@ def profile_attention(spec: KVQuantSpec) -> str | None:
     if spec.profile is None or spec.format == "none":
         return None
     p = get_profile(spec.profile)
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface  # transformers: only when a profile rounds Q
 
     if p.amx_flush:
-        from quant.formats import get_format
-
         fmt = get_format(spec.format)
         assert isinstance(fmt, FP8Format) and spec.constant_scale is not None  # checked by KVQuantSpec
         bound = AMX_FLUSH_BELOW[fmt.kind] * float(spec.constant_scale)
@@ -46,7 +44,7 @@ def profile_attention(spec: KVQuantSpec) -> str | None:
     name = ATTENTION_PREFIX + p.name.replace("-", "_")
     if name in _REGISTERED:
         return name
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # transformers: as above
 
     how, rotated = p.query, p.rotate
 

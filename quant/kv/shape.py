@@ -39,7 +39,7 @@ def model_kv_shape(model_config: Any) -> ModelKVShape:
             "the quantized KV cache supports transformers decoder-only attention models"
         )
     try:
-        from transformers.cache_utils import get_layer_types_and_kwargs
+        from transformers.cache_utils import get_layer_types_and_kwargs  # transformers: layer types
 
         types, kwargs = get_layer_types_and_kwargs(cfg)
         windows = [kw.get("sliding_window") for kw in kwargs]

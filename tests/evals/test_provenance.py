@@ -15,7 +15,7 @@ from evals.engines.openai_api.args import parse_openai_args
 from evals.engines.vllm_introspect import provenance_from_worker, scales_origin
 from evals.provenance import KVProvenance, emulator_provenance, engine_provenance
 from evals.server_log import server_log_path
-from qa.calibration import calibrate_model
+from qa.pipeline.calibration import calibrate_model
 from quant.calibrate import CalibrationSpec
 from quant.fileio import sha256_file
 from quant.scales import CalibrationData, KVScales, ScalesMeta

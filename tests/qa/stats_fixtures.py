@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from evals.records import SampleRecord
-from qa.files.comparison import Estimate, StatsSettings
-from qa.compare.pairing import pair_records, paired_metric
 from qa.compare.estimate import estimate
+from qa.compare.pairing import pair_records, paired_metric
+from qa.files.comparison import Estimate, StatsSettings
 
 SETTINGS = StatsSettings(bootstrap_n=200, seed=0)
 

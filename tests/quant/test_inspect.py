@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -87,6 +89,20 @@ def test_report_saved_and_loaded_as_kv_inspect_json_and_plotted(llama, prompts, 
     assert again.spec == spec.model_copy(update={"prefill_reads_quantized": True})
     assert math.isinf(again.layers[1].k.sqnr_db)  # the skipped layer is exact: Infinity in the file
     assert '"sqnr_db": Infinity' in path.read_text()
+
+
+def test_the_report_schema_reads_without_torch(llama, prompts, tmp_path):
+    """The report and the gate read kv_inspect.json through quant.inspect_report: no torch loaded."""
+    from quant import inspect_report
+
+    assert InspectReport is inspect_report.InspectReport and load_inspect is inspect_report.load_inspect  # one class
+    spec = KVQuantSpec(format="q8_0", profile="llamacpp", skip_layers=(1,))
+    path = save_inspect(tmp_path / "kv_inspect.json", inspect_kv(llama, prompts[:1], spec, model_name="tiny"))
+    code = ("import sys\nfrom quant.inspect_report import load_inspect\n"
+            f"r = load_inspect({str(path)!r})\n"
+            "print(r.spec.profile, r.layers[1].k.sqnr_db, sorted({'torch', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["llamacpp", "inf", "[]"]
 
 
 def test_bad_kv_inspect_files_give_one_line_errors_naming_the_path(llama, prompts, tmp_path):

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 from evals.engines.hf.args import HFEngineArgs
 from evals.errors import EngineError
-from evals.models import ResolvedModel
+from evals.models import ResolvedModel, load_model
+from quant.errors import QuantError
 
 if TYPE_CHECKING:
     from evals.engines.hf.engine import HFEngine
@@ -30,8 +31,7 @@ def read_scales(args: HFEngineArgs) -> KVScales | None:
     """The static KV scales file the arguments name (None when they name none); EngineError if unusable."""
     if args.scales is None:
         return None
-    from quant.errors import QuantError
-    from quant.scales import KVScales
+    from quant.scales import KVScales  # torch: the scales are tensors
 
     try:
         return KVScales.load(args.scales)
@@ -47,11 +47,9 @@ def check_args(args: HFEngineArgs, *, load_scales: bool = True) -> None:
 
 def build(model: ResolvedModel, args: HFEngineArgs) -> HFEngine:
     """Load `model` with transformers and wrap it as the `hf` engine."""
-    import torch
+    import torch  # torch: only when the engine is built
 
-    from evals.engines.hf.engine import HFEngine
-    from evals.models import load_model
-    from quant.errors import QuantError
+    from evals.engines.hf.engine import HFEngine  # torch: the engine is torch code
 
     scales = read_scales(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -59,7 +57,7 @@ def build(model: ResolvedModel, args: HFEngineArgs) -> HFEngine:
     hf_model, tokenizer = load_model(model, dtype=args.dtype, device=args.device,
                                      trust_remote_code=args.trust_remote_code)
     if args.kv is not None:
-        from quant.kv.attention import profile_attention
+        from quant.kv.attention import profile_attention  # torch: the emulated attention is torch code
 
         attention = profile_attention(args.kv)  # an engine profile that also rounds Q or flushes small products
         if attention is not None:

@@ -57,7 +57,7 @@ class HFModel:
             try:
                 return make_plain_cache(self.model.config)
             except QuantError:  # a model our caches do not describe (e.g. encoder-decoder): transformers' own
-                from transformers import DynamicCache
+                from transformers import DynamicCache  # transformers: only for such a model
 
                 return DynamicCache(config=self.model.config)
         cache = make_cache(self.model.config, self.args.kv, self.scales)

@@ -15,7 +15,6 @@ answered with wrong numbers. A request that still fails after the client's retri
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from evals.engines.openai_api.sampling import ServerKind, check_sampling, kind_f
 from evals.engines.stops import cut_at_stop
 from evals.errors import EngineError
 from evals.models import ResolvedModel
+from evals.offline import hub_mode, hub_offline
 from evals.records import TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -138,12 +138,13 @@ class OpenAIEngine:
         """The tokenizer prompts are tokenised with (`tokenizer`, else the arm's model), loaded once."""
         with self._lock:
             if self._tokenizer is None:
-                from transformers import AutoTokenizer
+                from transformers import AutoTokenizer  # transformers: only for prompt log-probs
 
                 source = self.args.tokenizer or self._model.load_id
-                offline = os.environ.get("HF_HUB_OFFLINE", "1") not in ("0", "false", "False")
+                offline = hub_offline()
                 try:
-                    self._tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
+                    with hub_mode(offline):
+                        self._tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=offline)
                 except OSError as exc:
                     raise EngineError(
                         f"cannot load tokenizer {source!r} for prompt log-probs: "

@@ -10,6 +10,7 @@ import pytest
 
 from evals.data import integrity
 from evals.errors import DataError
+from evals.tasks import task_datasets
 from tests.shared_data import SHARED_DATA as DATA_DIR
 
 needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="needs ../shared/data")
@@ -30,9 +31,9 @@ def test_file_hashes_match_manifest_json() -> None:
     assert all(hashes[k] == expected[k] for k in hashes)
     assert integrity.manifest_hashes(DATA_DIR) == expected
     assert integrity.data_file_hashes(["gsm8k"], None) == {}
-    # task names map to their datasets (the pipeline passes task names)
+    # a run's task names map to their datasets first (the pipeline passes task_datasets of its tasks)
     by_task = integrity.data_file_hashes(
-        ["gpqa_main_cot_zeroshot", "truthfulqa_mc2", "gpqa_main_zeroshot"], DATA_DIR
+        task_datasets(["gpqa_main_cot_zeroshot", "truthfulqa_mc2", "gpqa_main_zeroshot"]), DATA_DIR
     )
     assert set(by_task) == {"gpqa/dataset.zip", "truthfulqa/data/v1/mc_task.json"}
     with pytest.raises(DataError, match="did you mean"):

@@ -65,7 +65,7 @@ def test_vllm_and_hf_score_the_same_continuation_tokens(both) -> None:
 
 
 def test_vllm_log_probs_equal_hf_on_the_same_tokens(both) -> None:
-    from qa.distribution import topk_kl
+    from qa.compare.distribution import topk_kl
 
     hf_out, vllm_out, _ = both
     for h, v in zip(hf_out, vllm_out, strict=True):

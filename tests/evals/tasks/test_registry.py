@@ -9,7 +9,7 @@ import pytest
 
 from evals.data import DATASETS
 from evals.errors import EvalError
-from evals.tasks import TASK_DATASETS, TASKS, get_task
+from evals.tasks import TASK_DATASETS, TASKS, get_task, task_datasets
 from evals.tasks.base import Task
 
 OURS = [n for n in TASKS if n not in ("wikitext_kl", "needle", "sessions")]  # the toolkit's own probes
@@ -26,6 +26,17 @@ def test_every_task_builds_and_is_versioned(name: str) -> None:
 def test_every_task_names_its_datasets() -> None:
     assert set(TASK_DATASETS) == set(TASKS)
     assert all(d in DATASETS for ds in TASK_DATASETS.values() for d in ds)
+
+
+def test_task_names_map_to_their_datasets() -> None:
+    assert task_datasets(["gpqa_main_cot_zeroshot", "gpqa_main_zeroshot", "truthfulqa_mc2", "sessions"]) == [
+        "gpqa_main",
+        "truthfulqa_mc",
+        "gsm8k",
+    ]
+    assert task_datasets(["needle"]) == []  # generated in memory: no dataset
+    with pytest.raises(EvalError, match="unknown task 'gpqa_main'; did you mean"):
+        task_datasets(["gpqa_main"])  # a dataset, not a task
 
 
 def test_unknown_task_suggests_closest() -> None:

@@ -51,10 +51,10 @@ def test_the_deepseek_margins_are_reachable_at_their_items_and_repeats(name: str
     """Each task's margin in the specs' policy is one its item count can reach at its repeats (qa plan's
     model: worst-case accuracy 0.5, half of Var(d) sampling noise at temperature 0.6)."""
     from evals.tasks import get_task
-    from qa.run.arm_inputs import task_options
     from qa.files.policy import resolve_policy
-    from qa.plan.sample_size import sample_size_plan
     from qa.files.spec import load_spec
+    from qa.pipeline.resolve import task_options
+    from qa.plan.sample_size import sample_size_plan
 
     path = next(p for p in EXAMPLES if p.name == name)
     spec = load_spec(path)

@@ -1,4 +1,4 @@
-"""The cache-path rules (qa.gate.cache_path) through qa.gate.rules.decide on comparisons of hand-made
+"""The cache-path rules (qa.gate.cache_path) through qa.gate.rules.apply_rules on comparisons of hand-made
 sessions records: a hit rate of 0 is no information (never a pass), excess flips and excess KL fail, the
 candidate's warm path is gated against the baseline's cold path, gate_cache_path = false only reports,
 and a saved comparison.json re-gates to the same verdict."""
@@ -10,8 +10,8 @@ import pytest
 from evals.records import write_records
 from qa.compare.arms import compare_arms, load_arm
 from qa.files.comparison import Comparison, StatsSettings, load_comparison, save_comparison
-from qa.gate.rules import decide
 from qa.files.policy import default_policy, parse_policy
+from qa.gate.rules import apply_rules
 from tests.qa.cache_path_fixtures import ref, sessions_arm
 
 # A loose policy under which the identical cold paths of 12 turns pass on their own, so that what the
@@ -32,7 +32,7 @@ def _rules(tv) -> dict[str, object]:  # type: ignore[no-untyped-def]
 
 
 def test_warm_equal_to_cold_with_hits_passes(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    v = decide(_comparison(sessions_arm("baseline"), sessions_arm("candidate"), tmp_path), LOOSE)
+    v = apply_rules(_comparison(sessions_arm("baseline"), sessions_arm("candidate"), tmp_path), LOOSE)
     (t,) = v.tasks
     rules = _rules(t)
     assert {k: r.status for k, r in rules.items() if k.startswith("cache_")} == {
@@ -43,7 +43,7 @@ def test_warm_equal_to_cold_with_hits_passes(tmp_path) -> None:  # type: ignore[
 
 @pytest.mark.parametrize("cached", [0, None])
 def test_no_measured_hit_is_no_information_never_a_pass(tmp_path, cached) -> None:  # type: ignore[no-untyped-def]
-    v = decide(_comparison(sessions_arm("baseline"), sessions_arm("candidate", cached=cached), tmp_path), LOOSE)
+    v = apply_rules(_comparison(sessions_arm("baseline"), sessions_arm("candidate", cached=cached), tmp_path), LOOSE)
     (t,) = v.tasks
     assert (v.status, t.status, t.kind) == ("inconclusive", "inconclusive", "no_information")
     assert t.reason.startswith("cache path: no information: the candidate")
@@ -52,7 +52,7 @@ def test_no_measured_hit_is_no_information_never_a_pass(tmp_path, cached) -> Non
 
 def test_excess_warm_path_flips_fail(tmp_path) -> None:  # type: ignore[no-untyped-def]
     comp = _comparison(sessions_arm("baseline"), sessions_arm("candidate", flipped=FLIPPED), tmp_path)
-    v = decide(comp, LOOSE)
+    v = apply_rules(comp, LOOSE)
     (t,) = v.tasks
     flips = _rules(t)["cache_flips"]
     assert flips.status == "fail" and "6 only in the candidate, 0 only in the baseline" in flips.detail
@@ -65,12 +65,12 @@ def test_kl_non_inferiority_against_the_margin(tmp_path) -> None:  # type: ignor
     comp = _comparison(sessions_arm("baseline"), sessions_arm("candidate", warm_p=0.5), tmp_path)
     kl = comp.cache_path[0].kld
     assert kl is not None and kl.se == 0.0 and kl.delta > 0.1  # KL(0.8 || 0.5) = 0.193 nats on every turn
-    t = decide(comp, LOOSE).tasks[0]
+    t = apply_rules(comp, LOOSE).tasks[0]
     assert _rules(t)["cache_kl"].status == "fail" and t.status == "fail"
     strict_n = parse_policy("version = 1\n[default]\nmargin = 0.5\nmin_n = 50\n", "n.toml")
-    assert _rules(decide(comp, strict_n).tasks[0])["cache_kl"].status == "inconclusive"  # 12 turns < min_n
+    assert _rules(apply_rules(comp, strict_n).tasks[0])["cache_kl"].status == "inconclusive"  # 12 turns < min_n
     wide = parse_policy("version = 1\n[default]\nmargin = 0.5\nmin_n = 2\ncache_kl_margin = 0.5\n", "w.toml")
-    assert _rules(decide(comp, wide).tasks[0])["cache_kl"].status == "pass"
+    assert _rules(apply_rules(comp, wide).tasks[0])["cache_kl"].status == "pass"
 
 
 def test_kl_interval_straddling_the_margin_is_inconclusive(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -80,7 +80,7 @@ def test_kl_interval_straddling_the_margin_is_inconclusive(tmp_path) -> None:  #
     comp = _comparison(sessions_arm("baseline"), cand, tmp_path)
     kl = comp.cache_path[0].kld
     assert kl is not None and kl.se and kl.se > 0
-    rule = _rules(decide(comp, LOOSE).tasks[0])["cache_kl"]
+    rule = _rules(apply_rules(comp, LOOSE).tasks[0])["cache_kl"]
     assert rule.ci is not None and rule.ci.lower < 0.01 < rule.ci.upper and rule.status == "inconclusive"
 
 
@@ -88,7 +88,7 @@ def test_accuracy_of_the_warm_path_uses_the_task_rules(tmp_path) -> None:  # typ
     comp = _comparison(sessions_arm("baseline"), sessions_arm("candidate", flipped=DOWN), tmp_path)
     (acc_est,) = comp.cache_path[0].accuracy
     assert acc_est.delta == pytest.approx(-4 / 12) and acc_est.ci_method == "cluster_cr1_t"
-    t = decide(comp, default_policy()).tasks[0]
+    t = apply_rules(comp, default_policy()).tasks[0]
     acc = _rules(t)["cache_accuracy"]
     assert acc.detail.startswith("candidate warm path vs baseline cold path (90% CI")
     assert acc.status == "fail" and acc.ci is not None and acc.ci.upper < -0.02  # decisive at n = 12
@@ -99,7 +99,7 @@ def test_accuracy_of_the_warm_path_uses_the_task_rules(tmp_path) -> None:  # typ
 def test_gate_cache_path_false_only_reports(tmp_path) -> None:  # type: ignore[no-untyped-def]
     comp = _comparison(sessions_arm("baseline"), sessions_arm("candidate", flipped=FLIPPED), tmp_path)
     off = parse_policy("version = 1\n[default]\nmargin = 0.5\nmin_n = 2\ngate_cache_path = false\n", "off.toml")
-    (t,) = decide(comp, off).tasks
+    (t,) = apply_rules(comp, off).tasks
     assert t.status == "pass"
     assert all(not r.decides for r in t.rules if r.rule.startswith("cache_"))
     assert any(w.startswith("the cache_flips rule would fail this task") for w in t.warnings)
@@ -110,7 +110,7 @@ def test_saved_comparison_regates_to_the_same_verdict(tmp_path) -> None:  # type
     save_comparison(tmp_path / "comparison.json", comp)
     again = load_comparison(tmp_path / "comparison.json")
     assert again == comp
-    assert decide(again, LOOSE) == decide(comp, LOOSE)
+    assert apply_rules(again, LOOSE) == apply_rules(comp, LOOSE)
 
 
 def test_a_bad_policy_value_is_one_line() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qa.gate.rules import decide
 from qa.files.rundir import RunDir
+from qa.gate.rules import apply_rules
 
 REPORTS = Path(__file__).resolve().parents[3] / "reports"
 FOLDERS = sorted(p.parent for p in REPORTS.glob("**/verdict.json") if "runs" not in p.parts)
@@ -26,7 +26,7 @@ def test_there_are_committed_runs() -> None:
 def test_committed_run_regates_to_its_recorded_status(run: Path) -> None:
     rd = RunDir(run)
     recorded = rd.load_verdict()
-    again = decide(rd.load_comparison(), recorded.policy)
+    again = apply_rules(rd.load_comparison(), recorded.policy)
     assert again.status == recorded.status
     assert [(t.task, t.status) for t in again.tasks] == [(t.task, t.status) for t in recorded.tasks]
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from qa import api
-from qa.gate.junit import junit_xml
-from qa.gate.rules import decide
-from qa.gate.summary import summary_markdown, write_summary
-from qa.files.verdict import load_verdict
 from qa.files.policy import default_policy
+from qa.files.verdict import load_verdict
+from qa.gate.junit import junit_xml
+from qa.gate.rules import apply_rules
+from qa.gate.summary import summary_markdown, write_summary
 from tests.qa.gate_fixtures import comparison, estimate_from_scores, make_run_dir, scores
 
 DEFAULT = default_policy()
@@ -39,7 +39,7 @@ def test_gate_run_writes_verdict(tmp_path: Path) -> None:
 
 def test_junit_one_testcase_per_task() -> None:
     hostile = _one("<task>&\x01", 1000, 600, 20, 18)
-    v = decide(comparison(hostile, _one("b", 1000, 600, 60, 15), _one("c", 198, 60, 14, 9)), DEFAULT)
+    v = apply_rules(comparison(hostile, _one("b", 1000, 600, 60, 15), _one("c", 198, 60, 14, 9)), DEFAULT)
     root = ET.fromstring(junit_xml(v).split("\n", 1)[1])
     cases = root.findall("./testsuite/testcase")
     assert len(cases) == 3
@@ -52,7 +52,7 @@ def test_junit_one_testcase_per_task() -> None:
 
 
 def test_summary_markdown_escapes_and_appends(tmp_path: Path) -> None:
-    v = decide(comparison(_one("<script>x</script>|t", 1000, 600, 20, 18)), DEFAULT)
+    v = apply_rules(comparison(_one("<script>x</script>|t", 1000, 600, 20, 18)), DEFAULT)
     md = summary_markdown(v)
     assert md.startswith("## ✅ PASS")
     assert "<script>" not in md and "&lt;script&gt;" in md
@@ -101,12 +101,13 @@ def test_cli_pass_exit_zero(tmp_path: Path) -> None:
 
 
 def test_run_verdict_junit_and_summary_of_several_candidates(tmp_path: Path) -> None:
+    from qa.files.verdict import load_run_verdict, save_run_verdict
+    from qa.gate.candidates import run_verdict
     from qa.gate.junit import run_junit_xml
     from qa.gate.summary import run_summary_markdown
-    from qa.files.verdict import load_run_verdict, run_verdict, save_run_verdict
 
-    good = decide(comparison(_one("arc", 1000, 600, 20, 18)), DEFAULT)
-    bad = decide(comparison(_one("arc", 1000, 600, 60, 15), _one("<b>|x", 198, 60, 14, 9)), DEFAULT)
+    good = apply_rules(comparison(_one("arc", 1000, 600, 20, 18)), DEFAULT)
+    bad = apply_rules(comparison(_one("arc", 1000, 600, 60, 15), _one("<b>|x", 198, 60, 14, 9)), DEFAULT)
     bad = bad.model_copy(update={"candidate": "nvfp4_kv"})
     verdicts = {"replay": good.model_copy(update={"candidate": "replay"}), "nvfp4_kv": bad}
     run = run_verdict(verdicts, {n: f"candidates/{n}" for n in verdicts})

@@ -12,8 +12,8 @@ import pytest
 from evals.arm import ARM_FILE, ArmIdentity, ArmManifest, EngineSummary
 from evals.provenance import KVProvenance, LayerScales
 from qa import api
-from qa.gate.provenance import apply_scales_rule, check_scales, load_kv_provenance
 from qa.files.policy import default_policy, default_policy_text, parse_policy
+from qa.gate.provenance import apply_scales_rule, check_scales, load_kv_provenance
 from qa.report import render
 
 COMMITTED = Path(__file__).resolve().parents[3] / "reports" / "engines" / "vllm_bf16_vs_fp8"

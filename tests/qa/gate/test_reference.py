@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 from scipy import stats as sps
 
-from qa.files.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
 from qa.errors import PolicyError
-from qa.gate.reference import kl_rule, logprob_rule, stat_interval
-from qa.gate.rules import decide
+from qa.files.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
 from qa.files.policy import TaskPolicy, default_policy, parse_policy
+from qa.gate.reference import kl_rule, logprob_rule, stat_interval
+from qa.gate.rules import apply_rules
 from tests.qa.gate_fixtures import estimate_from_scores
 
 FLOOR = [0.0] * 20  # GSM8K for SmolLM2-135M: both arms at 0% -> no information
@@ -62,35 +62,35 @@ def test_rules_against_their_margins(delta: float, kl: float, want_lp: str, want
 
 def test_by_default_the_reference_decides_a_task_without_information() -> None:
     good, bad = comparison(ref("gsm8k", -0.001, 0.001)), comparison(ref("gsm8k", -0.5, 0.6))
-    v_good, v_bad = decide(good, default_policy()), decide(bad, default_policy())
+    v_good, v_bad = apply_rules(good, default_policy()), apply_rules(bad, default_policy())
     [t] = v_good.tasks
     assert t.status == "pass" and t.kind == "decided" and "decided on the reference answers (20 items)" in t.reason
     assert t.reason.startswith("no information") and t.p_worse is None
     assert {r.rule: r.decides for r in t.rules if r.rule.startswith("reference")} == {"reference_logprob": True,
                                                                                        "reference_kl": True}
     assert v_bad.status == "fail" and v_bad.tasks[0].kind == "decided"
-    unclear = decide(comparison(ref("gsm8k", -0.001, 0.001, se=0.2)), default_policy()).tasks[0]
+    unclear = apply_rules(comparison(ref("gsm8k", -0.001, 0.001, se=0.2)), default_policy()).tasks[0]
     assert unclear.status == "inconclusive" and unclear.kind == "no_information"
 
 
 def test_where_accuracy_decides_the_rules_are_reported_unless_always() -> None:
     comp = comparison(ref("gsm8k", -0.5, 0.6), base=MIXED_B * 14, cand=MIXED_C * 14)  # 420 identical: accuracy passes
-    reported = decide(comp, default_policy()).tasks[0]
+    reported = apply_rules(comp, default_policy()).tasks[0]
     assert reported.status == "pass" and all(not r.decides for r in reported.rules if r.rule.startswith("reference"))
     assert any(r.rule == "reference_kl" and r.status == "fail" for r in reported.rules)
-    always = decide(comp, policy(reference_gate="always")).tasks[0]
+    always = apply_rules(comp, policy(reference_gate="always")).tasks[0]
     assert always.status == "fail" and always.reason.startswith("reference answers (20 items): reference less likely")
-    never = decide(comparison(ref("gsm8k", -0.5, 0.6)), policy(reference_gate="never")).tasks[0]
+    never = apply_rules(comparison(ref("gsm8k", -0.5, 0.6)), policy(reference_gate="never")).tasks[0]
     assert never.status == "inconclusive" and never.kind == "no_information"
 
 
 def test_not_available_and_older_comparisons() -> None:
     na = ReferenceEstimate(task="gsm8k", n=0, n_clusters=0, n_tokens=0, n_missing=20,
                            unavailable="not available: the server does not echo prompt log-probs")
-    [t] = decide(comparison(na), default_policy()).tasks
+    [t] = apply_rules(comparison(na), default_policy()).tasks
     assert t.status == "inconclusive" and t.kind == "no_information"
     assert any("reference-answer signal not available" in w for w in t.warnings)
-    old = decide(comparison(), default_policy())  # written before the reference signal existed
+    old = apply_rules(comparison(), default_policy())  # written before the reference signal existed
     assert old.tasks[0].kind == "no_information" and not any(r.rule.startswith("reference") for r in old.tasks[0].rules)
 
 

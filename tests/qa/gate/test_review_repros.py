@@ -13,8 +13,8 @@ from scipy import stats as sps
 from evals.records import SampleRecord
 from qa.compare.arms import Arm, compare_arms
 from qa.files.comparison import Comparison, Estimate, StatsSettings
-from qa.gate.rules import decide, decide_task
 from qa.files.policy import default_policy, parse_policy
+from qa.gate.rules import apply_rules, decide_task
 from qa.plan.sample_size import sample_size_plan
 from qa.stats.intervals import delta_interval
 from qa.stats.power import items_needed
@@ -40,7 +40,7 @@ def test_zero_discordant_pairs_at_alpha_004_is_inconclusive_with_tango_bounds() 
     comp = _compare(a, b)
     est = comp.estimates[0]
     assert est.ci_method == "tango_score"
-    t = decide(comp, parse_policy("[default]\nalpha = 0.04")).tasks[0]
+    t = apply_rules(comp, parse_policy("[default]\nalpha = 0.04")).tasks[0]
     assert t.status == "inconclusive"
     ci = t.rules[0].ci
     assert t.rules[0].ci_level == pytest.approx(0.92)
@@ -56,7 +56,7 @@ def test_true_drop_at_the_margin_passes_at_most_alpha() -> None:
     p_pass = 0.0
     for k in range(8):  # P(k > 7) < 1e-6
         a, b = scores(50, 30, k, 0)
-        if decide(_compare(a, b), policy).status == "pass":
+        if apply_rules(_compare(a, b), policy).status == "pass":
             p_pass += sps.binom.pmf(k, 50, 0.02)
     assert p_pass <= 0.01
 
@@ -70,7 +70,7 @@ def test_constant_nonzero_difference_gets_an_honest_bound(shift: float) -> None:
     p = 1 - 0.05 ** (1 / 100)
     ci = delta_interval(est, 0.90)
     assert (ci.lower, ci.upper) == pytest.approx((-shift - p * (1 - shift), -shift + p * (1 + shift)))
-    t = decide(comparison(est), DEFAULT).tasks[0]
+    t = apply_rules(comparison(est), DEFAULT).tasks[0]
     assert t.status != "pass"
 
 
@@ -102,17 +102,17 @@ def test_items_needed_for_zero_sd_is_one_formula() -> None:
     expected = 149  # n > ln(0.05) / ln(0.98) = 148.3
     assert items_needed(0.0, 0.02, 0.05, 0.8) == expected
     a, b = scores(100, 60, 0, 0)
-    assert decide(_compare(a, b), DEFAULT).tasks[0].n_needed == expected
+    assert apply_rules(_compare(a, b), DEFAULT).tasks[0].n_needed == expected
     assert sample_size_plan("arc_easy", 0.02, accuracy=0.0).rows[0].items_needed == expected  # sd exactly 0
 
 
 def test_floor_reasons_say_what_they_saw() -> None:
-    one = decide(_compare(np.array([1.0]), np.array([1.0])), DEFAULT).tasks[0]
+    one = apply_rules(_compare(np.array([1.0]), np.array([1.0])), DEFAULT).tasks[0]
     assert one.kind == "no_information" and "only 1 paired item" in one.reason and "both arms" not in one.reason
     a = np.zeros(40)
     b = np.zeros(40)
     b[:2] = 1.0  # 0% -> 5%
-    up = decide(_compare(a, b), DEFAULT).tasks[0]
+    up = apply_rules(_compare(a, b), DEFAULT).tasks[0]
     assert up.kind == "no_information" and "baseline scores 0" in up.reason and "both arms" not in up.reason
 
 

@@ -10,10 +10,10 @@ from scipy import stats as sps
 
 from evals.records import SampleRecord
 from qa.compare.arms import Arm, compare_arms
-from qa.files.comparison import Interval, StatsSettings
 from qa.errors import PolicyError
-from qa.gate.rules import decide, no_information, sigma
+from qa.files.comparison import Interval, StatsSettings
 from qa.files.policy import default_policy, parse_policy
+from qa.gate.rules import apply_rules, no_information, sigma
 from qa.stats.intervals import delta_interval
 from qa.stats.paired_tests import tango_interval
 from tests.qa.gate_fixtures import comparison, estimate_from_scores, scores
@@ -31,7 +31,7 @@ def test_pass_with_hand_computed_ci() -> None:
     est = _one("arc", 1000, 600, 20, 18)
     se = math.sqrt((38 - 1000 * 0.002**2) / 999 / 1000)
     half = sps.t.ppf(0.95, 999) * se
-    v = decide(comparison(est), DEFAULT)
+    v = apply_rules(comparison(est), DEFAULT)
     t = v.tasks[0]
     ni = t.rules[0]
     assert (v.status, t.status, t.kind, v.exit_code) == ("pass", "pass", "decided", 0)
@@ -47,14 +47,14 @@ def test_pass_with_hand_computed_ci() -> None:
 
 
 def test_fail_when_ci_below_minus_margin() -> None:
-    v = decide(comparison(_one("mmlu", 1000, 600, 60, 15)), DEFAULT)
+    v = apply_rules(comparison(_one("mmlu", 1000, 600, 60, 15)), DEFAULT)
     assert (v.status, v.exit_code, v.tasks[0].kind) == ("fail", 1, "decided")
     assert "lies below -2.0 pts" in v.tasks[0].reason
 
 
 def test_straddling_ci_is_inconclusive() -> None:
     # delta = -0.02 exactly at the margin, MDE 1.9 pts < 2 pts: enough power, no decision
-    v = decide(comparison(_one("t", 1000, 500, 40, 20)), DEFAULT)
+    v = apply_rules(comparison(_one("t", 1000, 500, 40, 20)), DEFAULT)
     t = v.tasks[0]
     assert t.mde is not None and t.mde < 0.02
     assert (v.status, v.exit_code, t.kind) == ("inconclusive", 3, "decided")
@@ -63,23 +63,23 @@ def test_straddling_ci_is_inconclusive() -> None:
 
 def test_underpowered_is_inconclusive_or_fail_by_policy() -> None:
     est = _one("gpqa_diamond", 198, 60, 14, 9)
-    t = decide(comparison(est), DEFAULT).tasks[0]
+    t = apply_rules(comparison(est), DEFAULT).tasks[0]
     assert (t.status, t.kind) == ("inconclusive", "underpowered")
     assert t.n_needed is not None and t.n_needed > 198
     assert f"need about {t.n_needed} items" in t.reason
     strict = parse_policy('[default]\nunderpowered = "fail"')
-    assert decide(comparison(est), strict).tasks[0].status == "fail"
+    assert apply_rules(comparison(est), strict).tasks[0].status == "fail"
 
 
 def test_underpowered_pass_is_not_a_pass() -> None:
     # Identical arms except 1 regression and 1 improvement on 40 items: n < min_n (50).
-    t = decide(comparison(_one("small", 40, 20, 1, 1)), DEFAULT).tasks[0]
+    t = apply_rules(comparison(_one("small", 40, 20, 1, 1)), DEFAULT).tasks[0]
     assert (t.status, t.kind) == ("inconclusive", "underpowered")
     assert "n = 40 < min_n 50" in t.reason
 
 
 def test_demonstrably_worse_fails_even_when_underpowered() -> None:
-    t = decide(comparison(_one("small", 40, 10, 20, 0)), DEFAULT).tasks[0]
+    t = apply_rules(comparison(_one("small", 40, 10, 20, 0)), DEFAULT).tasks[0]
     assert (t.status, t.kind) == ("fail", "decided")
 
 
@@ -90,7 +90,7 @@ def test_floor_or_ceiling_is_no_information_never_pass(value: float, rules: str)
         "gsm8k", [value] * 300, [value] * 300, metric="exact_match", filter="strict-match"
     )
     assert no_information(est) is not None
-    v = decide(comparison(est), parse_policy(f"[default]\nrules = {rules}"))
+    v = apply_rules(comparison(est), parse_policy(f"[default]\nrules = {rules}"))
     assert (v.status, v.tasks[0].kind, v.exit_code) == ("inconclusive", "no_information", 3)
     assert "no information" in v.tasks[0].reason
     assert ("floor" if value == 0 else "ceiling") in v.tasks[0].reason
@@ -100,17 +100,17 @@ def test_identical_arms_at_mid_accuracy_pass() -> None:
     # Every item agrees (SE 0) but accuracy is 60%: that is information (no flips), and it passes.
     est = _one("same", 500, 300, 0, 0)
     assert no_information(est) is None
-    assert decide(comparison(est), DEFAULT).status == "pass"
+    assert apply_rules(comparison(est), DEFAULT).status == "pass"
 
 
 def test_error_rate_above_budget_is_inconclusive() -> None:
     est = _one("arc", 1000, 600, 20, 18, errors=(12, 0))
-    t = decide(comparison(est), DEFAULT).tasks[0]
+    t = apply_rules(comparison(est), DEFAULT).tasks[0]
     assert t.error_rate_baseline == pytest.approx(12 / 1012)
     assert (t.status, t.kind) == ("inconclusive", "errors")
     assert "baseline 1.2% > max 1.0%" in t.reason
     lenient = parse_policy("[default]\nmax_error_rate = 0.05")
-    assert decide(comparison(est), lenient).status == "pass"
+    assert apply_rules(comparison(est), lenient).status == "pass"
 
 
 def test_sigma_rule_false_alarm_rate_hand_computed() -> None:
@@ -130,17 +130,17 @@ def test_sigma_rule_false_alarm_rate_hand_computed() -> None:
 
 def test_sigma_only_policy_decides_by_sigma() -> None:
     est = _one("mmlu", 1000, 600, 60, 15)
-    v = decide(comparison(est), parse_policy('[default]\nrules = ["sigma"]'))
+    v = apply_rules(comparison(est), parse_policy('[default]\nrules = ["sigma"]'))
     assert v.status == "fail"
     assert v.tasks[0].rules[0].rule == "noninferiority" and not v.tasks[0].rules[0].decides
 
 
 def test_tost_fails_large_improvement_noninferiority_warns() -> None:
     est = _one("arc", 1000, 500, 5, 60)  # candidate +5.5 pts
-    ni = decide(comparison(est), DEFAULT).tasks[0]
+    ni = apply_rules(comparison(est), DEFAULT).tasks[0]
     assert ni.status == "pass"
     assert any("candidate better by" in w for w in ni.warnings)
-    tost = decide(comparison(est), parse_policy('[default]\nrules = ["tost"]')).tasks[0]
+    tost = apply_rules(comparison(est), parse_policy('[default]\nrules = ["tost"]')).tasks[0]
     assert tost.status == "fail"
     assert "not equivalent" in tost.reason
 
@@ -152,7 +152,7 @@ def test_regating_with_other_alpha_recomputes_ci() -> None:
     half = sps.t.ppf(0.90, 999) * est.se_paired
     assert est.ci_method == "paired_t"
     assert ci80 == Interval(lower=est.delta - half, upper=est.delta + half)
-    v = decide(comparison(est), parse_policy("[default]\nalpha = 0.10"))
+    v = apply_rules(comparison(est), parse_policy("[default]\nalpha = 0.10"))
     assert v.tasks[0].rules[0].ci_level == pytest.approx(0.80)
 
 
@@ -188,24 +188,24 @@ def test_regating_tango_estimate_uses_tango_at_new_level() -> None:
 
 def test_real_stats_floor_and_pass() -> None:
     comp = _real("gsm8k_like", np.zeros(200), np.zeros(200))
-    assert decide(comp, DEFAULT).tasks[0].kind == "no_information"
+    assert apply_rules(comp, DEFAULT).tasks[0].kind == "no_information"
     a, b = scores(400, 240, 3, 3)
-    assert decide(_real("arc", a, b), DEFAULT).status == "pass"
+    assert apply_rules(_real("arc", a, b), DEFAULT).status == "pass"
 
 
 def test_overall_status_is_intersection_union() -> None:
     ok, bad, unsure = _one("a", 1000, 600, 20, 18), _one("b", 1000, 600, 60, 15), _one("c", 198, 60, 14, 9)
-    assert decide(comparison(ok, bad, unsure), DEFAULT).status == "fail"
-    v = decide(comparison(ok, unsure), DEFAULT)
+    assert apply_rules(comparison(ok, bad, unsure), DEFAULT).status == "fail"
+    v = apply_rules(comparison(ok, unsure), DEFAULT)
     assert v.status == "inconclusive"
     assert v.summary == "INCONCLUSIVE: 1 inconclusive (c); 1 of 2 passed"
-    assert decide(comparison(ok), DEFAULT).summary == "PASS: all 1 task(s) pass"
-    empty = decide(comparison(), DEFAULT)
+    assert apply_rules(comparison(ok), DEFAULT).summary == "PASS: all 1 task(s) pass"
+    empty = apply_rules(comparison(), DEFAULT)
     assert (empty.status, empty.exit_code) == ("inconclusive", 3)
 
 
 def test_required_missing_task_is_inconclusive() -> None:
-    v = decide(comparison(_one("a", 1000, 600, 20, 18)), parse_policy('require = ["gsm8k"]'))
+    v = apply_rules(comparison(_one("a", 1000, 600, 20, 18)), parse_policy('require = ["gsm8k"]'))
     assert v.status == "inconclusive"
     assert v.tasks[-1].task == "gsm8k" and v.tasks[-1].kind == "missing"
 
@@ -213,14 +213,14 @@ def test_required_missing_task_is_inconclusive() -> None:
 def test_metric_selection() -> None:
     strict = _one("gsm8k", 500, 100, 5, 5, metric="exact_match", filter="strict-match")
     flex = _one("gsm8k", 500, 100, 30, 5, metric="exact_match", filter="flexible-extract")
-    v = decide(comparison(flex, strict), DEFAULT)
+    v = apply_rules(comparison(flex, strict), DEFAULT)
     assert v.tasks[0].metric == "exact_match,strict-match"  # AUTO_METRICS order
     chosen = parse_policy('[tasks.gsm8k]\nmetric = "exact_match,flexible-extract"')
-    assert decide(comparison(flex, strict), chosen).tasks[0].metric == "exact_match,flexible-extract"
+    assert apply_rules(comparison(flex, strict), chosen).tasks[0].metric == "exact_match,flexible-extract"
     with pytest.raises(PolicyError, match=r"\[tasks.gsm8k\] metric 'acc,none' not in the comparison"):
-        decide(comparison(flex, strict), parse_policy('[tasks.gsm8k]\nmetric = "acc,none"'))
+        apply_rules(comparison(flex, strict), parse_policy('[tasks.gsm8k]\nmetric = "acc,none"'))
     odd = [_one("x", 100, 50, 1, 1, metric=m) for m in ("f1", "bleu")]
     with pytest.raises(PolicyError, match="several metrics"):
-        decide(comparison(*odd), DEFAULT)
+        apply_rules(comparison(*odd), DEFAULT)
 
 

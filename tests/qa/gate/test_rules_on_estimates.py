@@ -7,8 +7,8 @@ import math
 import pytest
 from scipy import stats
 
-from qa.gate.rules import decide_task, no_information
 from qa.files.policy import default_policy, parse_policy
+from qa.gate.rules import decide_task, no_information
 from tests.qa.stats_fixtures import continuous, est_of
 
 TP = default_policy().for_task("t")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from qa.errors import PolicyError
-from qa.gate.rules import decide, select_estimate
 from qa.files.policy import default_policy, parse_policy
+from qa.gate.rules import apply_rules, select_estimate
 from qa.stats.intervals import delta_interval
-from tests.qa.stats.generation_fixtures import FLEXIBLE, STRICT, flags, gen_comparison, gen_records
+from tests.qa.compare.generation_fixtures import FLEXIBLE, STRICT, flags, gen_comparison, gen_records
 
 DEFAULT = default_policy()
 N = 300  # items: enough that the accuracy rule (identical scores in both arms) passes on its own
@@ -18,7 +18,7 @@ N = 300  # items: enough that the accuracy rule (identical scores in both arms) 
 def _verdict(base_items, cand_items, policy=DEFAULT, **kw):
     comp = gen_comparison(gen_records("baseline", flags(N, base_items), **kw),
                           gen_records("candidate", flags(N, cand_items), **kw))
-    return comp, decide(comp, policy)
+    return comp, apply_rules(comp, policy)
 
 
 def _rule(task_verdict):
@@ -64,7 +64,7 @@ def test_a_rise_straddling_the_margin_is_inconclusive() -> None:
 
 def test_unrecorded_truncation_is_never_a_failure() -> None:
     comp = gen_comparison(gen_records("baseline", [[None]] * N), gen_records("candidate", [[None]] * N))
-    v = decide(comp, DEFAULT)
+    v = apply_rules(comp, DEFAULT)
     assert _rule(v.tasks[0]) is None and v.status == "pass"
 
 
@@ -86,7 +86,7 @@ def test_reported_only_when_gate_truncation_is_off() -> None:
 
 def test_margin_and_alpha_come_from_the_policy() -> None:
     comp, _ = _verdict(range(3), range(8))
-    wide = decide(comp, parse_policy("[default]\ntruncation_margin = 0.05\nalpha = 0.025"))
+    wide = apply_rules(comp, parse_policy("[default]\ntruncation_margin = 0.05\nalpha = 0.025"))
     rule = _rule(wide.tasks[0])
     est = comp.generation[0].truncation
     assert rule is not None and est is not None
@@ -100,13 +100,13 @@ def test_default_policy_gates_the_model_card_filter() -> None:
                               gen_records("candidate", flags(60, []), task=task))
         est = select_estimate(comp, task, DEFAULT.for_task(task), explicit=task in DEFAULT.tasks)
         assert f"{est.metric},{est.filter}" == key
-        assert decide(comp, DEFAULT).tasks[0].metric == key
+        assert apply_rules(comp, DEFAULT).tasks[0].metric == key
 
 
 def test_a_policy_can_pick_the_other_filter() -> None:
     comp = gen_comparison(gen_records("baseline", flags(60, [])), gen_records("candidate", flags(60, [])))
     policy = parse_policy(f'[tasks.gsm8k_cot_llama]\nmetric = "{FLEXIBLE}"')
-    assert decide(comp, policy).tasks[0].metric == FLEXIBLE
+    assert apply_rules(comp, policy).tasks[0].metric == FLEXIBLE
 
 
 @pytest.mark.parametrize(("text", "needle"), [

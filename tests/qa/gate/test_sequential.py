@@ -11,9 +11,9 @@ import pytest
 from scipy import stats
 
 from qa.files.comparison import Estimate, SequentialLook, SequentialTask, save_comparison
-from qa.gate.rules import decide
-from qa.gate.sequential import look_decision, look_times, sequential_task
 from qa.files.policy import Policy, TaskPolicy
+from qa.gate.rules import apply_rules
+from qa.gate.sequential import look_decision, look_times, sequential_task
 from qa.stats.intervals import delta_interval
 from qa.stats.sequential import Design, boundaries_at, look_sizes, spent
 from tests.qa.gate_fixtures import comparison, estimate_from_scores, scores
@@ -168,7 +168,7 @@ def test_sequential_task_records_where_it_stopped():
 
 def _gate(est: Estimate, seq: SequentialTask | None, tp: TaskPolicy):
     c = comparison(est).model_copy(update={"sequential": [seq] if seq else []})
-    return decide(c, Policy(default=tp)).tasks[0]
+    return apply_rules(c, Policy(default=tp)).tasks[0]
 
 
 def test_the_gate_honours_an_early_stop():

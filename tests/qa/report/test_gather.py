@@ -10,9 +10,9 @@ from pathlib import Path
 from evals.arm import ArmIdentity, ArmManifest, EngineSummary
 from qa.api import gate
 from qa.files.policy import default_policy, parse_policy
+from qa.files.rundir import RunDir
 from qa.report.gather import gather, read_arm_engines, read_kv, resolve_verdict
 from qa.report.notes import engine_notes
-from qa.files.rundir import RunDir
 from quant.inspect import InspectReport
 from tests.qa.gate_fixtures import make_run_dir
 from tests.qa.report.conftest import PROMPTS, TOKENS, write_kv
@@ -40,7 +40,7 @@ def test_without_verdict_json_the_runs_policy_decides(tmp_path: Path) -> None:
     v, source = resolve_verdict(rd, comp, None)  # spec.toml names no policy: the shipped default
     assert v.policy.name == "default" and source.startswith("no verdict.json") and "'default'" in source
     (run / "wide.toml").write_text('name = "wide"\n[default]\nmargin = 0.08\n')
-    rd.spec.write_text('policy = "wide.toml"\n' + rd.spec.read_text())
+    rd.spec_file.write_text('policy = "wide.toml"\n' + rd.spec_file.read_text())
     v2, source2 = resolve_verdict(rd, comp, None)
     assert v2.policy.name == "wide" and "'wide'" in source2
 

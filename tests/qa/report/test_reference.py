@@ -6,11 +6,11 @@ from pathlib import Path
 
 from qa.files.comparison import ReferenceEstimate, save_comparison
 from qa.files.policy import default_policy
+from qa.files.rundir import RunDir
 from qa.report.figures import Figures
 from qa.report.gather import gather
 from qa.report.html import render_html
 from qa.report.markdown import render_markdown
-from qa.files.rundir import RunDir
 from tests.qa.gate.test_reference import comparison, ref
 
 

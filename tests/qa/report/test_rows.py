@@ -7,8 +7,8 @@ import math
 import pytest
 
 from qa.files.comparison import McNemar
-from qa.gate.rules import decide
 from qa.files.policy import default_policy
+from qa.gate.rules import apply_rules
 from qa.report.rows import db, kv_rows, layer_ranges, table_row
 from quant.inspect import InspectReport, KindStats, LayerReport
 from quant.kv_spec import KVQuantSpec
@@ -50,7 +50,7 @@ def test_db_names_the_infinite_cases() -> None:
 def test_mcnemar_cell_says_when_it_is_the_sign_test_on_items() -> None:
     a, b = scores(200, 120, 12, 4)
     est = estimate_from_scores("arc", a, b)
-    tv = decide(comparison(est), default_policy()).tasks[0]
+    tv = apply_rules(comparison(est), default_policy()).tasks[0]
     assert table_row(tv, est)[9].sub.startswith("mid-p")
     on_items = est.model_copy(update={"mcnemar": McNemar(n10=12, n01=4, p_exact=0.077, p_midp=0.05,
                                                          method="sign_test_items")})
@@ -60,6 +60,6 @@ def test_mcnemar_cell_says_when_it_is_the_sign_test_on_items() -> None:
 
 def test_a_task_without_an_estimate_is_dashes() -> None:
     a, b = scores(200, 120, 12, 4)
-    tv = decide(comparison(estimate_from_scores("arc", a, b)), default_policy()).tasks[0]
+    tv = apply_rules(comparison(estimate_from_scores("arc", a, b)), default_policy()).tasks[0]
     row = table_row(tv, None)
     assert row[0].main == "arc" and all(c.main == "-" for c in row[2:])

@@ -2,7 +2,7 @@
 looks with their critical values, adjusted levels and intervals, where the task stopped and how many items
 that saved. The looks are computed with the gate's own look_decision on hand-made records (a destructive
 candidate on one task, an identical one on another) filtered to each look's first items in the seeded order,
-as qa.run.sequential does; the end-to-end run is tests/qa/test_sequential_run.py."""
+as qa.pipeline.sequential does; the end-to-end run is tests/qa/test_sequential_run.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from evals.sampling import select_items
 from evals.tasks.base import Item
 from qa.compare.arms import Arm, compare_arms
 from qa.files.comparison import SequentialLook, StatsSettings, load_comparison, save_comparison
+from qa.files.policy import Policy, TaskPolicy
 from qa.gate.rules import select_estimate
 from qa.gate.sequential import look_decision, sequential_task
-from qa.files.policy import Policy, TaskPolicy
 from qa.report import render
 from qa.report.sequential import HEADERS
 from qa.textfmt import percent
@@ -32,7 +32,7 @@ def _records(arm: str, task: str, wrong: set[str]) -> list[SampleRecord]:
 
 
 def _run(tmp_path: Path) -> Path:
-    """Two tasks: `broken` loses 30 of 40 items in the candidate, `same` none; looks as qa.run.sequential makes them."""
+    """Two tasks: `broken` loses 30 of 40 items in the candidate, `same` none; looks as qa.pipeline.sequential makes them."""
     run = tmp_path / "run"
     broken = {it.item_id for it in ITEMS[::4]} ^ {it.item_id for it in ITEMS}  # 30 of 40 wrong
     arms = {arm: _records(arm, "broken", broken if arm == "candidate" else set()) + _records(arm, "same", set())

@@ -16,8 +16,8 @@ from qa.report import render
 from qa.report.gather import gather
 from qa.report.notes import truncation_notes
 from qa.report.rows import GEN_HEADERS, HEADERS, generation_rows, table_row
+from tests.qa.compare.generation_fixtures import flags, gen_records
 from tests.qa.gate_fixtures import make_run_dir
-from tests.qa.stats.generation_fixtures import flags, gen_records
 
 N = 300
 TASK = "gsm8k_cot_llama"

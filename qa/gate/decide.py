@@ -1,0 +1,34 @@
+"""The gate: the one function that decides a comparison, used by `qa gate`, `qa report`, `qa run`, `qa compare
+--policy` and the API alike.
+
+`decide` applies every rule: the accuracy, truncation, reference-answer, cache-path and sequential rules of
+qa.gate.rules on comparison.json's numbers, then the KV-scale provenance rule (qa.gate.provenance) on what the
+candidate's engine said it ran with (records/<candidate>/arm.json). `decide_folder` reads both from a run
+directory.
+"""
+
+from __future__ import annotations
+
+from evals.provenance import KVProvenance
+from qa.files.comparison import Comparison
+from qa.files.policy import Policy
+from qa.files.rundir import RunDir
+from qa.files.verdict import Verdict
+from qa.gate.provenance import apply_scales_rule, check_scales, load_kv_provenance
+from qa.gate.rules import apply_rules
+
+
+def decide(comparison: Comparison, policy: Policy, kv: KVProvenance | None,
+           comparison_sha256: str | None = None) -> Verdict:
+    """The verdict on `comparison` under `policy`, the candidate having run with KV provenance `kv` (None:
+    not recorded, not judged); writes nothing."""
+    verdict = apply_rules(comparison, policy, comparison_sha256)
+    return apply_scales_rule(verdict, check_scales(verdict.candidate, kv), policy)
+
+
+def decide_folder(rd: RunDir, policy: Policy, comparison: Comparison | None = None) -> Verdict:
+    """`decide` on a run directory's comparison.json (or `comparison`, read from it) and the candidate's
+    arm.json; the verdict names the comparison's sha256. Writes nothing."""
+    comparison = comparison or rd.load_comparison()
+    kv = load_kv_provenance(rd.arm_records(comparison.candidate))
+    return decide(comparison, policy, kv, rd.comparison_sha256())

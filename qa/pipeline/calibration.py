@@ -1,0 +1,67 @@
+"""Calibration and KV-inspection inputs shared by `qa calibrate`, `qa kv-inspect` and `qa run`'s worker:
+calibration text (wikitext2 test, gsm8k train, or a .txt / .jsonl file), token chunks, the model-level
+calibrate call, and the vLLM model folder that carries calibrated scales. Torch code: the CLI and the
+worker import it when they calibrate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from evals import data
+from evals.errors import DataError, ModelError
+from evals.models import load_model, resolve_model
+from quant.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
+from quant.export import export_model_folder
+from quant.scales import KVScales
+
+CALIBRATION_SETS = ("wikitext2", "gsm8k")  # named sets; anything else is a .txt / .jsonl path
+
+
+def calibration_texts(source: str, data_dir: Path | None) -> tuple[str, list[str]]:
+    """(data name, texts) of a calibration source: a named set or a .txt / .jsonl file."""
+    if source == "wikitext2":
+        return source, [r["text"] for r in data.load("wikitext2", data.resolve_data_dir(data_dir))]
+    if source == "gsm8k":
+        rows = data.load("gsm8k", data.resolve_data_dir(data_dir), split="train")
+        return "gsm8k-train", [f"Question: {r['question']}\nAnswer: {r['answer']}" for r in rows]
+    path = Path(source)
+    if not path.is_file():
+        raise DataError(f"calibration data {source!r}: not {' or '.join(CALIBRATION_SETS)} and not a file")
+    if path.suffix == ".jsonl":
+        texts = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise DataError(f"{path}:{n}: expected a JSON object with a string field 'text'")
+                texts.append(row["text"])
+        return path.name, texts
+    return path.name, [path.read_text(encoding="utf-8")]
+
+
+def load_prompts(tokenizer: Any, source: str, data_dir: Path | None, n: int, seq_len: int,
+                 seed: int) -> tuple[str, torch.Tensor]:
+    """(data name, token chunks [n, seq_len]) from a calibration source."""
+    name, texts = calibration_texts(source, data_dir)
+    return name, token_chunks(tokenize_texts(tokenizer, texts), n, seq_len, seed)
+
+
+def calibrate_model(model_name: str, source: str, spec: CalibrationSpec, data_dir: Path | None = None,
+                    device: str = "cpu", dtype: str = "float32", trust_remote_code: bool = False) -> KVScales:
+    """Load the model and the calibration text, and calibrate static KV scales."""
+    model, tokenizer = load_model(resolve_model(model_name), dtype=dtype, device=device,
+                                  trust_remote_code=trust_remote_code)
+    name, chunks = load_prompts(tokenizer, source, data_dir, spec.n_samples, spec.seq_len, spec.seed)
+    return calibrate(model, chunks, spec, data_name=name, model_name=model_name)
+
+
+def export_vllm_model(model_name: str, scales: KVScales, out_dir: Path) -> list[Path]:
+    """Write a model folder vLLM loads with `scales` as its FP8 KV scales (quant.export.export_model_folder)."""
+    resolved = resolve_model(model_name)
+    if resolved.path is None:
+        raise ModelError(f"model {model_name!r} has no local folder to export from")
+    return export_model_folder(scales, resolved.path, out_dir)

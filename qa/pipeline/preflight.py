@@ -1,0 +1,156 @@
+"""Check everything a resolved run names before any work, so a mistake is one error line, not an arm crash.
+
+`preflight(run, strict=True)` (the start of `qa run`): every arm's problem found while resolving (a model
+not on this machine, no vLLM interpreter), the calibration format, the static scales an hf arm reads (a
+pending calibration writes them later), what a served arm would refuse or ignore on every sample, a reused
+baseline (checked against the earlier run, evals.arm_reuse), and every vLLM arm's arguments checked by vLLM
+itself in the interpreter that will run them (evals.engines.vllm_check, one child process for all arms).
+With `strict=False` (the dry run) what this machine cannot check becomes a note on the arm instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from evals.arm import ArmManifest
+from evals.arm_reuse import check_reuse
+from evals.engines import hf
+from evals.engines.base import GenerateRequest
+from evals.engines.hf.args import HFEngineArgs
+from evals.engines.openai_api.args import OpenAIArgs
+from evals.engines.openai_api.sampling import check_sampling
+from evals.engines.vllm_args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
+from evals.engines.vllm_check import ArmCheck, check_with_vllm
+from evals.errors import EngineError
+from evals.servers import VllmServerSpec, vllm_server_command
+from qa.pipeline.resolved import ResolvedArm, ResolvedRun, arm_tasks
+from quant.fileio import scales_paths
+from quant.kv_catalog import FORMAT_NAMES, unknown_format
+
+NO_VLLM = ("vLLM arguments not checked: vllm is not installed here, in .venv-vllm or at QA_VLLM_PYTHON "
+           "(scripts/setup.sh --vllm)")
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found: notes per arm (what vLLM said, what could not be checked here) and the
+    checked manifest of a reused baseline (None: the baseline runs)."""
+
+    notes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    reused: ArmManifest | None = None
+
+
+def offline_kwargs(run: ResolvedRun, arm: ResolvedArm) -> dict[str, object]:
+    """The keywords `vllm.LLM` gets for an offline vLLM arm, model included (a GPU spec as a GPU builds them)."""
+    args = arm.engine_args
+    assert isinstance(args, VllmEngineArgs)  # callers check first
+    try:
+        check_offline_flags(args.flags())
+    except EngineError as exc:
+        raise EngineError(f"arm {arm.name!r}: {exc}") from None
+    kwargs = engine_kwargs(arm.record.load, args, on_cpu=False if is_gpu_spec(args.flags()) else None)
+    model = arm.model.load_id if arm.model is not None and arm.record.load == arm.record.model else arm.record.load
+    return {"model": model, **kwargs}
+
+
+def vllm_checks(run: ResolvedRun) -> list[ArmCheck]:
+    """What vLLM is asked about each vLLM arm: a server's command line, an offline arm's LLM keywords."""
+    checks: list[ArmCheck] = []
+    for arm in run.arms:
+        spec = run.spec.arms[arm.name]
+        if isinstance(arm.server, VllmServerSpec) and spec.server is not None:
+            argv = vllm_server_command(arm.server, 0)[3:]  # after `python -m MODULE`; port 0 stands for a free one
+            checks.append(ArmCheck(arm=arm.name, kind="server", argv=argv, env=dict(arm.record.env),
+                                   gpu_spec=is_gpu_spec(spec.server.args)))
+        elif isinstance(arm.engine_args, VllmEngineArgs):
+            checks.append(ArmCheck(arm=arm.name, kind="offline", kwargs=offline_kwargs(run, arm),  # type: ignore[arg-type]
+                                   env=dict(arm.record.env), gpu_spec=is_gpu_spec(arm.engine_args.flags()),
+                                   allow_unsupported_kv_cache_dtype=arm.engine_args.allow_unsupported_kv_cache_dtype))
+    return checks
+
+
+def check_vllm(run: ResolvedRun, strict: bool) -> dict[str, tuple[str, ...]]:
+    """vLLM's own verdict on every vLLM arm, as notes; EngineError on the first refusal (and, `strict`, when
+    vLLM is not installed)."""
+    checks = vllm_checks(run)
+    if not checks:
+        return {}
+    python = next((a.record.python for a in run.arms if a.engine_args is not None
+                   and isinstance(a.engine_args, VllmEngineArgs) and a.record.python), None)
+    python = python or next((s.python for a in run.arms if isinstance(s := a.server, VllmServerSpec)
+                             and a.problem is None), None)
+    if python is None:
+        if strict:
+            raise EngineError(next(a.problem for a in run.arms if a.problem) or NO_VLLM)
+        return {c.arm: (NO_VLLM,) for c in checks}
+    report = check_with_vllm(checks, python)
+    report.raise_first()
+    return {o.arm: (f"arguments checked by vLLM {report.vllm} ({python})", *o.notes) for o in report.outcomes}
+
+
+def check_served_requests(run: ResolvedRun) -> None:
+    """Refuse, before anything runs, what a served arm would refuse or ignore on every sample: a scoring
+    task on a chat endpoint, a sampling key its kind of server ignores, and (a vLLM server `qa run`
+    starts) more stop strings than its VLLM_MAX_STOP_STRINGS. A server of unknown kind is checked when the
+    arm starts (the kind is read from GET /models)."""
+    for arm in run.arms:
+        args = arm.engine_args
+        if not isinstance(args, OpenAIArgs):
+            continue
+        server = run.spec.arms[arm.name].server
+        kind = args.server_kind or (server.kind if server is not None else None)
+        for t in run.tasks:
+            req = t.first_request
+            if t.task.kind != "generate":
+                if args.api == "chat":
+                    raise EngineError(f"arm {arm.name!r}, task {t.name}: a chat endpoint cannot score given text "
+                                      f"({t.task.kind}); use api = \"completions\" for this arm")
+                continue
+            if not isinstance(req, GenerateRequest) or kind is None:
+                continue
+            try:
+                check_sampling(kind, args.api, [req], f"arm {arm.name!r}'s server")
+            except EngineError as exc:
+                raise EngineError(f"task {t.name}: {exc}") from None
+            limit = arm.record.env.get("VLLM_MAX_STOP_STRINGS", "4")
+            if server is not None and kind == "vllm" and limit.isdigit() and len(req.until) > int(limit):
+                raise EngineError(f"arm {arm.name!r}, task {t.name}: {len(req.until)} stop strings, but a vLLM server "
+                                  f"takes VLLM_MAX_STOP_STRINGS = {limit}; set env = {{ VLLM_MAX_STOP_STRINGS = "
+                                  f"\"{len(req.until)}\" }} on the arm")
+
+
+def check_hf_args(run: ResolvedRun) -> None:
+    """Every hf arm's static scales file reads (one that the calibration step writes later is not read yet)."""
+    pending = not all(p.exists() for p in scales_paths(run.rd.scales))
+    for arm in run.arms:
+        if isinstance(arm.engine_args, HFEngineArgs):
+            named = arm.engine_args.scales
+            hf.check_args(arm.engine_args, load_scales=not (pending and named is not None
+                                                             and Path(named) == run.rd.scales))
+
+
+def check_reused_baseline(run: ResolvedRun) -> ArmManifest | None:
+    """For a baseline with `from` (an earlier run directory): the checked manifest of its records to copy
+    (evals.arm_reuse; RecordError naming the first mismatch), else None. Writes nothing."""
+    base = run.arm("baseline")
+    if base.record.reused_from is None:
+        return None
+    return check_reuse(run.config(base), arm_tasks(run.record), Path(base.record.reused_from))
+
+
+def preflight(run: ResolvedRun, *, strict: bool = True) -> Preflight:
+    """Run every check of the module doc; the first failure raises its one-line error."""
+    if run.record.calibration is not None and run.record.calibration.step.format not in FORMAT_NAMES:
+        raise unknown_format(run.record.calibration.step.format)
+    notes: dict[str, tuple[str, ...]] = {}
+    for arm in run.arms:
+        if arm.problem is not None and strict:
+            raise EngineError(arm.problem)
+    check_hf_args(run)
+    check_served_requests(run)
+    notes.update(check_vllm(run, strict))
+    for arm in run.arms:
+        if arm.problem is not None and not strict:
+            notes[arm.name] = (*notes.get(arm.name, ()), f"not runnable here: {arm.problem}")
+    return Preflight(notes=notes, reused=check_reused_baseline(run) if strict else None)

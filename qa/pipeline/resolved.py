@@ -1,0 +1,197 @@
+"""`ResolvedRun`: a spec resolved once, the one object every step of `qa run` reads.
+
+Preflight, the dry run, the power plan, the pipeline and the sequential loop read a ResolvedRun; a worker
+reads its serializable core, the `ResolvedRecord` the pipeline writes to resolved.json, and builds its arm
+with the same two functions the parent uses (`arm_config`, `arm_tasks`), so both sides agree on every
+fingerprint by construction. Beside the record a ResolvedRun keeps what cannot be written to a file: the
+built task objects with the items they read, the parsed policy, typed engine arguments and server specs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import TypeAdapter
+
+from evals.arm import ArmConfig, ArmTask
+from evals.engines import parse_engine_args
+from evals.engines.args import EngineArgs
+from evals.engines.base import GenerateRequest
+from evals.models import ResolvedModel
+from evals.sampling import select_items
+from evals.servers import LlamaCppServerSpec, VllmServerSpec
+from evals.tasks.base import Item, Request, Task, TaskOptions
+from qa.errors import QAError
+from qa.files.policy import Policy, TaskPolicy
+from qa.files.resolved import ArmRecord, ResolvedRecord, TaskRecord
+from qa.files.rundir import RunDir
+from qa.files.spec import RunSpec, TaskSpec
+from quant.kv_spec import KVQuantSpec
+
+OPTIONS = TypeAdapter(TaskOptions)  # TaskOptions <-> the JSON of TaskRecord.options
+SERVER_SPECS: dict[str, TypeAdapter[LlamaCppServerSpec] | TypeAdapter[VllmServerSpec]] = {
+    "llamacpp": TypeAdapter(LlamaCppServerSpec), "vllm": TypeAdapter(VllmServerSpec)}
+ServerSpec = LlamaCppServerSpec | VllmServerSpec
+
+
+def arm_config(record: ResolvedRecord, arm: ArmRecord, *, base_url: str | None = None) -> ArmConfig:
+    """The evals ArmConfig of a resolved arm (with the base_url of the server its worker started)."""
+    if arm.engine_args is None:
+        raise QAError(f"arm {arm.name!r} runs no engine (engine {arm.engine!r})")
+    given = dict(arm.engine_args)
+    if base_url is not None:
+        given["base_url"] = base_url
+    return ArmConfig(name=arm.name, engine=arm.engine, model=arm.load,  # type: ignore[arg-type]
+                     engine_args=parse_engine_args(arm.engine, given), server=arm.server_settings,
+                     seed=record.seed, data_dir=Path(record.data_dir) if record.data_dir else None, env=dict(arm.env))
+
+
+def task_options(task: TaskRecord) -> TaskOptions:
+    """The evals TaskOptions of a resolved task."""
+    return OPTIONS.validate_python(task.options)
+
+
+def arm_tasks(record: ResolvedRecord) -> list[ArmTask]:
+    """Every task as each arm runs it (options, limit, repeats)."""
+    return [ArmTask(t.name, task_options(t), t.limit, t.repeats) for t in record.tasks]
+
+
+def server_spec(arm: ArmRecord) -> ServerSpec | None:
+    """The typed evals.servers spec of the server an arm's worker starts (None: the arm has none)."""
+    if arm.server is None:
+        return None
+    return SERVER_SPECS[arm.server.kind].validate_python(arm.server.spec)
+
+
+@dataclass(frozen=True)
+class ResolvedPolicy:
+    """The gate policy with the file it came from (None: the shipped default) and its TOML text."""
+
+    policy: Policy
+    ref: str
+    path: Path | None
+    text: str
+
+
+@dataclass(frozen=True)
+class ResolvedTask:
+    """One task: its record, the task object built once, every item it read, and the selection every arm runs."""
+
+    record: TaskRecord
+    spec: TaskSpec
+    options: TaskOptions
+    task: Task
+    items: tuple[Item, ...]
+    selection: tuple[Item, ...]  # the seeded subset (`limit` items, evals.sampling.select_items)
+    first_request: Request | None  # the request of the task's first item: what its requests look like
+    policy: TaskPolicy
+    explicit: bool  # named in the policy's [tasks] (qa.gate.rules.select_estimate)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def items_available(self) -> int:
+        return self.record.items_available
+
+    @property
+    def n_items(self) -> int:
+        """Items of the selection."""
+        return self.record.items
+
+    @property
+    def repeats(self) -> int:
+        return self.record.repeats
+
+    @property
+    def samples(self) -> int:
+        """Items x repeats."""
+        return self.n_items * self.repeats
+
+    @property
+    def sampled(self) -> bool:
+        """True when its requests sample (temperature > 0)."""
+        return isinstance(self.first_request, GenerateRequest) and self.first_request.temperature > 0
+
+    @property
+    def look_sizes(self) -> tuple[int, ...]:
+        """Items at each sequential look (() at fixed n)."""
+        return tuple(self.record.look_sizes)
+
+    def first(self, n: int, seed: int) -> frozenset[str]:
+        """Item ids of the first `n` items of the selection in the seeded order."""
+        return frozenset(it.item_id for it in select_items(self.selection, n, seed))
+
+
+@dataclass(frozen=True)
+class ResolvedArm:
+    """One arm: its record, typed engine arguments and server spec, the emulated KV spec, the model."""
+
+    record: ArmRecord
+    engine_args: EngineArgs | None  # as its engine receives them (no base_url: a server's is set at start)
+    server: ServerSpec | None
+    kv: KVQuantSpec | None  # the emulated quantized KV cache it runs (hf engine, a format other than none)
+    model: ResolvedModel | None  # None: an lm-eval folder, or a model not on this machine (`problem`)
+    problem: str | None = None  # why the arm cannot run here (a real run refuses it; a dry run notes it)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """A spec resolved once: the record written to resolved.json and what only this process holds."""
+
+    spec: RunSpec
+    rd: RunDir
+    record: ResolvedRecord
+    policy: ResolvedPolicy
+    tasks: tuple[ResolvedTask, ...]
+    arms: tuple[ResolvedArm, ...]
+
+    @property
+    def data_dir(self) -> Path | None:
+        return Path(self.record.data_dir) if self.record.data_dir else None
+
+    @property
+    def seed(self) -> int:
+        return self.record.seed
+
+    @property
+    def sequential(self) -> bool:
+        """Whether any task has sequential looks under the policy."""
+        return self.record.sequential
+
+    def arm(self, name: str) -> ResolvedArm:
+        """The arm named `name`."""
+        for a in self.arms:
+            if a.name == name:
+                return a
+        raise QAError(f"the spec has no arm {name!r}")
+
+    @property
+    def candidates(self) -> list[ResolvedArm]:
+        """The candidate arms, in spec order."""
+        return [a for a in self.arms if a.record.kind == "candidate"]
+
+    def task(self, name: str) -> ResolvedTask:
+        """The task named `name`."""
+        return next(t for t in self.tasks if t.name == name)
+
+    def out(self, arm: ResolvedArm) -> RunDir:
+        """Where a candidate's comparison, verdict and report go: the run root, or candidates/<name>/."""
+        if arm.record.out is None:
+            raise QAError(f"arm {arm.name!r} is not a candidate")
+        return self.rd if arm.record.out == "." else RunDir(self.rd.root / arm.record.out)
+
+    def records_of(self, arm: ResolvedArm) -> Path:
+        """The arm's records folder (an lm-eval arm's --log_samples folder)."""
+        path = Path(arm.record.records)
+        return path if path.is_absolute() else self.rd.root / path
+
+    def config(self, arm: ResolvedArm, *, base_url: str | None = None) -> ArmConfig:
+        """The evals ArmConfig of `arm` (`arm_config` on its record)."""
+        return arm_config(self.record, arm.record, base_url=base_url)

@@ -1,0 +1,135 @@
+"""`qa run`, step by step, on a spec resolved once (qa.pipeline.resolve): preflight -> power plan -> the run
+directory (spec.toml, resolved.json, policy.toml) -> env.json -> calibrate (if asked) -> each arm in its own
+process (a baseline with `from` is copied from the earlier run; an arm whose records are already complete
+starts nothing) -> KV inspection (emulated-cache candidates) -> compare -> gate -> report, once per
+candidate: at the run root for a run whose one candidate is named "candidate", else in candidates/<name>/
+plus the run-level verdict.json, junit.xml, summary.md and matrix report (qa.steps).
+
+Stages talk through the run directory only (`qa.files.rundir.RunDir`): an arm process writes
+records/<arm>/*.jsonl, compare reads them and writes comparison.json, the gate writes verdict.json, the report
+reads the folder. Every stage can be resumed or re-run alone; a killed run restarted with the same command
+skips the samples it already finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evals.arm_reuse import copy_reused
+from evals.data import data_file_hashes
+from evals.env import collect_env
+from evals.errors import EvalError
+from evals.tasks import task_datasets
+from qa.files.comparison import Comparison, StatsSettings
+from qa.files.rundir import prepare_run_dir
+from qa.files.verdict import RunVerdict, Verdict
+from qa.pipeline.preflight import Preflight, preflight
+from qa.pipeline.processes import run_arm_process, run_step
+from qa.pipeline.resolved import ResolvedArm, ResolvedRun
+from qa.pipeline.resume import arm_complete
+from qa.pipeline.sequential import run_sequential
+from qa.plan.power import PlanOptions, RunPlan, announce_plan, plan_run
+from qa.steps import Arms, compare_folders, gate_candidates, gate_folder, report_candidates, report_folder
+from quant.fileio import scales_paths
+
+
+@dataclass(frozen=True)
+class Started:
+    """What the checks before any work found: the preflight's notes and reused baseline, the power plan."""
+
+    checks: Preflight
+    plan: RunPlan
+
+
+def write_env_json(run: ResolvedRun) -> None:
+    """env.json: versions, git sha, hardware, model and data file hashes (the models resolved once)."""
+    models = {a.record.model: a.model.file_hash if a.model is not None else None
+              for a in run.arms if a.record.engine in ("hf", "vllm")}
+    try:
+        data = data_file_hashes(task_datasets(t.name for t in run.tasks), run.data_dir)
+    except EvalError:
+        data = {}
+    collect_env(model_hashes=models, data_hashes=data,
+                arm_env={a.name: a.record.env for a in run.arms}).write(run.rd.env)
+
+
+def start(run: ResolvedRun, options: PlanOptions | None = None, *, strict: bool = True) -> Started:
+    """Check the resolved run and plan it, before anything is written (preflight, then the power plan;
+    PlanError under its strict flag)."""
+    if strict:
+        prepare_run_dir(run.spec, run.rd.root, check_only=True)  # another run's folder: refused before any work
+    checks = preflight(run, strict=strict)
+    return Started(checks, plan_run(run.tasks, run.policy.policy, run.spec.model, options))
+
+
+def compare_step(run: ResolvedRun, cand: ResolvedArm) -> Comparison:
+    """Pair the baseline's and one candidate's records (the rerun as the floor) and write comparison.json."""
+    rerun = next((a for a in run.arms if a.record.kind == "rerun"), None)
+    arms = Arms(run.records_of(run.arm("baseline")), run.records_of(cand),
+                run.records_of(rerun) if rerun is not None else None)
+    return compare_folders(arms, run.out(cand).root, StatsSettings(seed=run.seed))
+
+
+def gate_and_report(run: ResolvedRun) -> Verdict | RunVerdict:
+    """Gate each candidate's comparison.json under the resolved policy (verdict.json), then write the
+    reports; a several-candidate run also gets its run-level verdict and matrix report."""
+    policy = run.policy.policy
+    if [a.record.out for a in run.candidates] == ["."]:
+        verdict = gate_folder(run.rd.root, policy)
+        report_folder(run.rd.root)
+        return verdict
+    combined, _ = gate_candidates(run.rd.root, policy)
+    report_candidates(run.rd.root)
+    return combined
+
+
+def calibrate(run: ResolvedRun) -> None:
+    """Calibrate the candidates' static KV scales once (skipped when the scales and the vLLM folder they
+    feed, if any, are written)."""
+    cal = run.record.calibration
+    if cal is None:
+        return
+    done = all(p.exists() for p in scales_paths(run.rd.root / cal.scales))  # a kill may leave only one
+    if done and (cal.vllm_model is None or (run.rd.root / cal.vllm_model / "config.json").is_file()):
+        return
+    run_step(run.rd.root, "calibrate", "calibration")
+
+
+def run_arms(run: ResolvedRun) -> None:
+    """Each arm that runs an engine and is not complete yet, in its own process (fixed n)."""
+    for arm in run.arms:
+        if not arm.record.runs:
+            continue
+        if arm_complete(run, arm):
+            print(f"{arm.name}: every record is on disk; nothing to run", flush=True)
+            continue
+        run_arm_process(run.rd.root, arm.record)
+
+
+def inspect_kv(run: ResolvedRun) -> None:
+    """kv_inspect.json of each emulated-cache candidate that has none (one worker for all)."""
+    if any(a.kv is not None and not run.out(a).kv_inspect.exists() for a in run.candidates):
+        run_step(run.rd.root, "kv-inspect", "the KV-cache inspection")
+
+
+def run(resolved: ResolvedRun, options: PlanOptions | None = None) -> Verdict | RunVerdict:
+    """The whole pipeline into the resolved run directory (resuming a run of the same spec); the power plan
+    is printed before anything is written."""
+    started = start(resolved, options)
+    announce_plan(started.plan, options.strict if options is not None else False)
+    prepare_run_dir(resolved.spec, resolved.rd.root)
+    resolved.rd.save_resolved(resolved.record, resolved.policy.text)
+    if not resolved.rd.env.exists():
+        write_env_json(resolved)
+    calibrate(resolved)
+    if started.checks.reused is not None:
+        copy_reused(started.checks.reused, resolved.rd.root)  # no baseline engine starts; checked each run
+    if resolved.sequential:  # the arms advance together in blocks, a look after each; writes each comparison.json
+        run_sequential(resolved)
+    else:
+        run_arms(resolved)
+    inspect_kv(resolved)
+    if not resolved.sequential:
+        for cand in resolved.candidates:
+            compare_step(resolved, cand)
+    return gate_and_report(resolved)

@@ -1,0 +1,129 @@
+"""qa.compare.estimate: numbers for one (task, metric, filter) against scipy / statsmodels."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import statsmodels.api as sm
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.proportion import proportion_confint
+from statsmodels.stats.weightstats import ttost_paired
+
+from qa.compare.estimate import adjust_multiplicity, excess_flips
+from qa.compare.pairing import pair_records
+from qa.stats.intervals import p_above, p_below
+from qa.stats.multiplicity import holm
+from qa.stats.paired_tests import tango_interval, tango_statistic
+from tests.qa.stats_fixtures import continuous, est_of, recs
+
+MARGIN = 0.02
+
+
+def test_paired_t_matches_scipy_and_statsmodels() -> None:
+    a, b = continuous(80, seed=1, shift=-0.01)
+    e = est_of(a, b)
+    d = b - a
+    assert e.ci_method == "paired_t"
+    assert e.delta == pytest.approx(d.mean())
+    assert e.se_paired == pytest.approx(stats.sem(d))
+    assert e.se_baseline == pytest.approx(stats.sem(a))
+    assert e.se_unpaired == pytest.approx(math.hypot(stats.sem(a), stats.sem(b)))
+    assert e.rho == pytest.approx(np.corrcoef(a, b)[0, 1])
+    tt = stats.ttest_rel(b, a)
+    for ci, level in ((e.ci90, 0.90), (e.ci95, 0.95)):
+        ref = tt.confidence_interval(level)
+        assert (ci.lower, ci.upper) == pytest.approx((ref.low, ref.high))
+    m = MARGIN
+    ni = stats.ttest_1samp(d, -m, alternative="greater").pvalue
+    assert p_above(e, -m) == pytest.approx(ni)
+    assert p_below(e, -m) == pytest.approx(1 - ni)
+    assert max(p_above(e, -m), p_below(e, m)) == pytest.approx(ttost_paired(b, a, -m, m)[0])
+    assert e.multiplicity.p_diff == pytest.approx(tt.pvalue)
+
+
+def test_sign_convention_candidate_minus_baseline() -> None:
+    e = est_of([1.0, 0.8, 0.6, 0.9], [0.5, 0.4, 0.3, 0.5])
+    assert e.delta == pytest.approx(-0.4)
+    assert e.mean_candidate - e.mean_baseline == pytest.approx(e.delta)
+
+
+def test_clustered_uses_cr1_with_g_minus_1_df() -> None:
+    rng = np.random.default_rng(5)
+    n = 60
+    clusters = [f"c{i // 6}" for i in range(n)]  # 10 clusters of 6
+    a = rng.uniform(0, 1, n)
+    b = np.clip(a + np.repeat(rng.normal(0, 0.05, 10), 6) + rng.normal(0, 0.02, n), 0, 1)
+    e = est_of(a, b, clusters=clusters)
+    d = b - a
+    g = np.repeat(np.arange(10), 6)
+    fit = sm.OLS(d, np.ones((n, 1))).fit(cov_type="cluster", cov_kwds={"groups": g})
+    assert e.ci_method == "cluster_cr1_t"
+    assert e.n_clusters == 10 and e.df == 9
+    assert e.se_paired == pytest.approx(fit.bse[0])
+    half = stats.t.ppf(0.95, 9) * fit.bse[0]
+    assert (e.ci90.lower, e.ci90.upper) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert e.bootstrap is not None and e.bootstrap.unit == "cluster"
+
+
+def test_binary_few_discordant_uses_tango() -> None:
+    a = np.array([1] * 60 + [0] * 40)
+    b = a.copy()
+    b[:5] = 0  # 5 regressions
+    b[60:61] = 1  # 1 improvement
+    e = est_of(a, b)
+    assert e.binary and e.ci_method == "tango_score"
+    iv = tango_interval(n01=1, n10=5, n=100, conf=0.90)
+    assert (e.ci90.lower, e.ci90.upper) == pytest.approx((iv.lower, iv.upper))
+    assert e.mcnemar.n10 == 5 and e.mcnemar.n01 == 1
+    assert e.flips.n10 == 5 and e.flips.n01 == 1 and e.flips.rate == pytest.approx(0.06)
+    lo, hi = proportion_confint(6, 100, method="wilson")
+    assert (e.flips.ci95.lower, e.flips.ci95.upper) == pytest.approx((lo, hi))
+    assert p_above(e, -0.02) == pytest.approx(stats.norm.sf(tango_statistic(1, 5, 100, -0.02)))
+
+
+def test_repeats_are_averaged_before_differencing() -> None:
+    a = np.array([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 1]])
+    b = np.array([[1, 1, 1], [0, 0, 1], [1, 0, 1], [0, 0, 1]])
+    e = est_of(a, b)
+    d = b.mean(axis=1) - a.mean(axis=1)
+    assert e.repeats == 3 and e.n == 4
+    assert e.delta == pytest.approx(d.mean())
+    assert e.se_paired == pytest.approx(stats.sem(d))
+    assert e.mcnemar.unit == "item" and e.mcnemar.method == "sign_test_items"
+    assert (e.mcnemar.n10, e.mcnemar.n01) == (int((d < 0).sum()), int((d > 0).sum()))
+    assert e.ci_method == "paired_t"  # Tango is for single-repeat data only
+
+
+def test_holm_and_bh_match_multipletests_and_hand_values() -> None:
+    ests = [est_of(*continuous(100, seed=s, shift=sh)) for s, sh in ((1, -0.03), (2, 0.0), (3, -0.01))]
+    adj = adjust_multiplicity(ests)
+    p_diff = [e.multiplicity.p_diff for e in ests]
+    assert p_diff[0] == pytest.approx(stats.ttest_rel(*reversed(continuous(100, seed=1, shift=-0.03))).pvalue)
+    assert [e.multiplicity.q_bh for e in adj] == pytest.approx(list(multipletests(p_diff, method="fdr_bh")[1]))
+    # hand values for Holm / BH on (0.01, 0.04, 0.03)
+    assert list(multipletests([0.01, 0.04, 0.03], method="holm")[1]) == pytest.approx([0.03, 0.06, 0.06])
+    assert list(multipletests([0.01, 0.04, 0.03], method="fdr_bh")[1]) == pytest.approx([0.03, 0.04, 0.04])
+
+
+@pytest.mark.parametrize("p", [[0.01, 0.04, 0.03], [0.5], [0.2, 0.2, 0.01, 0.9, 0.04], [0.6, 0.7, 0.01], []])
+def test_holm_matches_multipletests_and_hand_values(p: list[float]) -> None:
+    assert holm(p) == pytest.approx(list(multipletests(p, method="holm")[1]) if p else [])
+    if p == [0.01, 0.04, 0.03]:
+        assert holm(p) == pytest.approx([0.03, 0.06, 0.06])  # 3 x 0.01; max(2 x 0.03, 0.03); max(0.04, 0.06)
+
+
+def test_excess_flips_against_baseline_rerun_hand_computed() -> None:
+    base = [1, 1, 1, 1, 0, 0, 0, 1, 1, 0]
+    cand = [0, 0, 1, 0, 1, 0, 0, 1, 1, 0]  # differs from base on items 0, 1, 3, 4
+    rer = [1, 0, 1, 1, 0, 1, 0, 1, 1, 0]  # differs from base on items 1, 5
+    mk = lambda arm, xs: recs(arm, {(str(i), 0): float(v) for i, v in enumerate(xs)})
+    (pc,) = pair_records(mk("b", base), mk("c", cand))
+    (pr,) = pair_records(mk("b", base), mk("r", rer))
+    ef = excess_flips(pc, pr, "acc,none")
+    assert (ef.n, ef.flips_candidate, ef.flips_rerun, ef.only_candidate, ef.only_rerun) == (10, 4, 2, 3, 1)
+    assert ef.p_excess == pytest.approx(5 / 16)  # P(Bin(4, 1/2) >= 3)
+    assert ef.rerun_rate == pytest.approx(0.2)
+    assert ef.aa_delta == pytest.approx(0.0)
