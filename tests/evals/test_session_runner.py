@@ -132,3 +132,67 @@ def test_sizes_that_do_not_fit_are_one_line_errors(engine: Any, data: Path, tmp_
     with pytest.raises(EvalError, match="repeats = 2"):
         run_sessions(engine, sessions(), arm="a", out_path=out, data_dir=data, repeats=2)
     assert not out.exists()
+
+
+# The agentic task on the same runner: a tiny engine (its window widened) for the plumbing, SmolLM2 for one
+# short real session.
+AGENTIC = {"sessions": 1, "turns": 4, "cycle": ["tool", "lookup"], "functions": 3, "context_tokens": 512,
+           "session_tokens": 700}
+
+
+def agentic(max_tokens: int = 4, **extra: Any) -> Any:
+    return get_task("agentic", TaskOptions(max_tokens=max_tokens, extra={**AGENTIC, **extra}))
+
+
+def test_agentic_records_carry_turn_meta_and_warm_equals_cold_on_format_none(data: Path, tmp_path: Path) -> None:
+    eng = tiny_engine({"max_length": 16384, "kv": {"format": "none", "prefix_cache": {"enabled": True}}})
+    out = tmp_path / "agentic.jsonl"
+    summary = run_task(eng, agentic(), arm="baseline", out_path=out, data_dir=data, progress=False)
+    assert summary.written == 4 * 2 and summary.errors == 0
+    recs = read_records(out)
+    assert [r.item_id for r in recs[:2]] == ["s000/t1/cold", "s000/t2/cold"]
+    cold, warm = by_path(recs, "cold"), by_path(recs, "warm")
+    for key, r in cold.items():
+        assert r.meta["kind"] == ("tool" if r.meta["turn"] % 2 else "lookup") and r.task == "agentic"
+        assert isinstance(r.meta["prompt_tokens"], int) and isinstance(r.meta["prompt_chars"], int)
+        if r.meta["kind"] == "tool":
+            assert isinstance(r.meta["tool_parsed"], bool) and r.meta["tool_error"] is not None
+        assert warm[key].completion == r.completion and warm[key].reference_logprobs == r.reference_logprobs
+        assert r.meta["cached_tokens"] == 0 and warm[key].meta["cached_tokens"] > 0
+    tokens = [cold[f"s000/t{k}"].meta["prompt_tokens"] for k in range(1, 5)]
+    assert tokens == sorted(tokens) and tokens[0] < tokens[-1]
+
+
+def test_agentic_cold_only_needs_no_prefix_cache_and_the_warm_path_does(data: Path, tmp_path: Path) -> None:
+    plain = tiny_engine({"max_length": 16384, "kv": {"format": "none"}})
+    out = tmp_path / "cold.jsonl"
+    summary = run_sessions(plain, agentic(paths=["cold"]), arm="a", out_path=out, data_dir=data)
+    assert summary.written == 4 and {r.meta["cache_path"] for r in read_records(out)} == {"cold"}
+    assert all(r.meta["counter_hit_tokens"] is None for r in read_records(out))  # no counters: said, not 0
+    with pytest.raises(EngineError, match="agentic: the hf engine has no prefix cache to serve the warm path"):
+        run_sessions(plain, agentic(), arm="a", out_path=tmp_path / "w.jsonl", data_dir=data)
+
+
+def test_agentic_sessions_beyond_the_window_are_refused_naming_session_tokens(engine: Any, data: Path,
+                                                                              tmp_path: Path) -> None:
+    with pytest.raises(EvalError, match="the model's window is 8192: lower session_tokens") as err:
+        run_sessions(engine, agentic(session_tokens=9000, turns=2), arm="a", out_path=tmp_path / "x.jsonl",
+                     data_dir=data)
+    assert "\n" not in str(err.value)
+
+
+def test_a_short_real_agentic_session_on_smollm2(engine: Any, data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "real.jsonl"
+    task = agentic(max_tokens=32, turns=2, session_tokens=800)
+    summary = run_sessions(engine, task, arm="baseline", out_path=out, data_dir=data)
+    assert summary.written == 4 and summary.errors == 0
+    recs = read_records(out)
+    cold, warm = by_path(recs, "cold"), by_path(recs, "warm")
+    for key, r in cold.items():
+        assert warm[key].completion == r.completion  # format none, no replay: warm == cold bit for bit
+        assert warm[key].meta["cached_tokens"] > 0 and r.meta["cached_tokens"] == 0
+        assert r.reference_logprobs is not None and len(r.reference_logprobs.target_ids) > 3
+        if r.meta["kind"] == "tool":  # the real output, scored as BFCL's checker scores it (test_tool_calls)
+            assert r.meta["function"] in (r.target or "") and set(r.scores) == {
+                "exact_match,strict-match", "exact_match,flexible-extract"}
+            assert r.meta["tool_correct"] == (r.scores["exact_match,strict-match"] == 1.0)

@@ -1,0 +1,381 @@
+"""`agentic`: long seeded multi-turn sessions with tool calls, served on cache paths (evals.session_runner).
+
+A session opens with a context: an instruction, the JSON docs of `functions` documented functions (BFCL's
+shape, a seeded subset of evals.tasks.tool_catalog, both text-reading functions always among them),
+reference facts ("key: 7-digit value"), worked examples (a tool call with its result, a look-up, GSM8K
+training problems with their solutions) up to about `context_tokens` (the GSM8K problems fill what the rest
+leaves; with 8 functions the rest alone is about 1.1K tokens). Then `turns` turns, each
+"User: ...\\nAssistant:", of the kinds `cycle` repeats:
+- "tool": a request one documented function answers; the reference answer is the call in Python syntax,
+  "[name(param=value, ...)]", followed by the function's result on a "Tool:" line. Tool turns alternate
+  between a read function (its result carries a passage of WikiText-2: how the session grows) and an
+  action; some actions take their arguments from the reference facts (a dependency far back).
+- "lookup": the value of one reference fact (far back: the facts open the session).
+- "gsm8k": a GSM8K test problem; the reference answer is its worked solution.
+Turn k's prompt is the context plus every earlier turn with its REFERENCE answer and tool result, plus turn
+k's question: fixed text, the same in every arm and on every cache path, each turn extending the one before
+(a prefix-cache hit). The read results are sized so the last turn's prompt is about `session_tokens`.
+
+Item id "s{NNN}/t{K}/{path}" for every path of `paths` (and `shuffles` shuffled passes), cluster = the
+session. Scores, the same two keys for every kind: "exact_match,strict-match" (tool: the completion decodes
+as a call list that passes BFCL's AST checker, evals.tasks.tool_calls; look-up: the first number; GSM8K:
+lm-eval's "#### N") and "exact_match,flexible-extract" (tool: the first bracketed call list anywhere in the
+completion; look-up: the last number; GSM8K: lm-eval's last number). Record meta: "kind", "prompt_chars",
+and for tool turns "function", "tool_parsed" (the completion decodes as calls: valid), "tool_correct"
+(strict) and "tool_error" (BFCL's error type). The teacher-forced continuation is the reference answer.
+
+Sizes are approximate (CHARS_PER_TOKEN, measured on SmolLM2's tokenizer; Gemma-3's is within 10%); the
+session runner refuses a session whose longest turn does not fit the model's window, counted with the real
+tokenizer, before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from evals import data
+from evals.engines.base import GenerateResult, TokenLogprobsRequest
+from evals.errors import EvalError
+from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
+from evals.tasks.common import (
+    TARGET_DELIMITER,
+    GenSettings,
+    check_options,
+    gen_settings,
+    generate_prompt,
+    generate_request,
+    int_option,
+    probe_extra,
+)
+from evals.tasks.sessions import (
+    GSM8K_UNTIL,
+    INVALID,
+    gsm8k_shots,
+    make_facts,
+    path_names,
+    score_gsm8k,
+    score_lookup,
+    turn_reference,
+    turn_reference_request,
+)
+from evals.tasks.tool_calls import check_calls, decode_calls, decode_first_span, render_calls
+from evals.tasks.tool_catalog import ACTIONS, BY_NAME, CATALOGUE, READERS, Draw, Fact, Function, ToolTurn
+
+Kind = Literal["tool", "lookup", "gsm8k"]
+KINDS: tuple[str, ...] = get_args(Kind)
+PATHS = ("cold", "warm")  # the shuffled passes are `shuffles`
+OPTION_KEYS = ("sessions", "turns", "session_tokens", "context_tokens", "functions", "cycle", "paths", "seed",
+               "shuffles", "shuffle_batch")
+DEFAULT_SESSIONS = 4
+DEFAULT_TURNS = 16
+DEFAULT_SESSION_TOKENS = 4096
+DEFAULT_CONTEXT_TOKENS = 1536
+DEFAULT_FUNCTIONS = 8
+DEFAULT_CYCLE: tuple[Kind, ...] = ("tool", "lookup", "tool", "gsm8k")
+DEFAULT_SEED = 20250325  # any fixed value; the same in both arms
+DEFAULT_SHUFFLE_BATCH = 4
+MIN_CONTEXT_TOKENS = 512
+FACT_SHARE = 0.15  # share of context_tokens spent on reference facts
+# characters per token, measured on SmolLM2's tokenizer (Gemma-3's within 10%): GSM8K, fact lines, WikiText, the
+# JSON function docs, tool and look-up turns (a call, its result: digits and punctuation)
+CHARS_PER_TOKEN = {"gsm8k": 2.8, "fact": 1.5, "wiki": 4.3, "json": 3.5, "turn": 2.65}
+MIN_PASSAGE_CHARS = 120  # a read function returns at least this much text
+TOOL_MAX_TOKENS = 96  # the longest reference call of the catalogue is about 50 tokens
+LOOKUP_MAX_TOKENS = 16
+GSM8K_MAX_TOKENS = 256  # lm-eval gsm8k's max_gen_toks
+USER_UNTIL = ("User:", "Tool:")
+LINE_UNTIL = ("\n", *USER_UNTIL, *GSM8K_UNTIL)
+INTRO = ("You are an assistant that can call the functions documented below. When a request needs a function, "
+         "answer with the call alone, on one line, in Python syntax: [function_name(parameter=value, ...)]. The "
+         "function's result follows on a line that starts with 'Tool:'. Answer every other question directly.\n\n")
+FUNCTIONS_HEADER = "Functions:\n"
+FACTS_HEADER = "Reference facts:\n"
+EXAMPLES_HEADER = "Worked examples:\n\n"
+CONVERSATION_HEADER = "Conversation:\n\n"
+QUESTION = "User: {text}\nAssistant:"
+LOOKUP_TEXT = "What is the value stored under {key} in the reference facts?"
+SHOT = "User: {question}\nAssistant:" + TARGET_DELIMITER + "{answer}\n\n"
+TURN_END = "\n\n"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn: its question (prompt text), reference answer, what follows the answer (a tool result) and
+    where it comes from (a function name, a fact key, a GSM8K test row id)."""
+
+    kind: Kind
+    question: str
+    answer: str
+    after: str = ""
+    source: str = ""
+    tool: ToolTurn | None = None
+
+
+def history_text(turn: Turn) -> str:
+    """A turn as later prompts hold it: question, reference answer, tool result."""
+    return turn.question + TARGET_DELIMITER + turn.answer + turn.after + TURN_END
+
+
+def turn_prompts(context: str, turns: Sequence[Turn]) -> list[str]:
+    """Each turn's prompt: the context, every earlier turn with its reference answer and result, its question."""
+    prompts, history = [], context
+    for turn in turns:
+        prompts.append(history + turn.question)
+        history += history_text(turn)
+    return prompts
+
+
+def haystack_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """WikiText-2's text lines without blanks and headings (" = Title = "), stripped."""
+    return [r["text"].strip() for r in rows if r["text"].strip() and not r["text"].lstrip().startswith("=")]
+
+
+def passage(lines: Sequence[str], rng: random.Random, n_chars: int) -> str:
+    """About n_chars characters of consecutive haystack lines from a seeded start, cut at a space."""
+    start = rng.randrange(len(lines))
+    out, size, i = [], 0, start
+    while size < n_chars:
+        out.append(lines[i % len(lines)])
+        size += len(out[-1]) + 1
+        i += 1
+    text = " ".join(out)
+    cut = text.rfind(" ", 0, n_chars)
+    return text[: cut if cut > 0 else n_chars]
+
+
+def score_tool(completion: str, tool: Mapping[str, Any]) -> Scored:
+    """A tool turn: strict = the completion's first line decodes as calls that pass the AST checker; flexible =
+    the first bracketed call list anywhere in it; meta says parsed (valid) and BFCL's error type."""
+    docs, answers = tool["docs"], tool["answers"]
+    strict = decode_calls(completion.strip().split("\n", 1)[0])
+    flexible = decode_first_span(completion) or strict
+    checks = {k: check_calls(docs, calls, answers) if calls else None
+              for k, calls in (("strict-match", strict), ("flexible-extract", flexible))}
+    scores: dict[str, float | None] = {f"exact_match,{k}": float(c is not None and c.correct) for k, c in checks.items()}
+    extracted: dict[str, str | None] = {k: render_calls(c) if c else INVALID
+                                        for k, c in (("strict-match", strict), ("flexible-extract", flexible))}
+    first = checks["strict-match"]
+    meta: dict[str, str | int | float | bool | None] = {
+        "function": tool["function"], "tool_parsed": strict is not None, "tool_correct": bool(first and first.correct),
+        "tool_error": "not_parsed" if first is None else first.error_type or None}
+    return Scored(scores=scores, extracted=extracted, target=tool["answer"], meta=meta)
+
+
+@dataclass(frozen=True)
+class Session:
+    """A session: its context and turns."""
+
+    context: str
+    turns: tuple[Turn, ...]
+
+
+@dataclass(frozen=True)
+class AgenticTask:
+    """Long tool-calling sessions, every turn an item on each cache path."""
+
+    sessions: int = DEFAULT_SESSIONS
+    turns: int = DEFAULT_TURNS
+    session_tokens: int = DEFAULT_SESSION_TOKENS
+    context_tokens: int = DEFAULT_CONTEXT_TOKENS
+    functions: int = DEFAULT_FUNCTIONS
+    cycle: tuple[Kind, ...] = DEFAULT_CYCLE
+    paths: tuple[str, ...] = PATHS
+    seed: int = DEFAULT_SEED
+    shuffles: int = 0
+    shuffle_batch: int = DEFAULT_SHUFFLE_BATCH
+    settings: Mapping[str, GenSettings] | None = None  # per kind; None: the defaults
+    reference_signal: bool = True
+    think_tags: tuple[str, str] | None = None
+    name: str = "agentic"
+    version: str = "1"
+    kind: TaskKind = "generate"
+
+    def kinds(self) -> list[Kind]:
+        """The kind of every turn: `cycle` repeated."""
+        return [self.cycle[k % len(self.cycle)] for k in range(self.turns)]
+
+    def _settings(self, kind: str) -> GenSettings:
+        return (self.settings or DEFAULT_SETTINGS)[kind]
+
+    @property
+    def max_new_tokens(self) -> int:
+        """The largest generation budget of any kind of turn (what the session runner sizes the window with)."""
+        return max(self._settings(k).max_tokens for k in set(self.kinds()))
+
+    def _session(self, n: int, tests: list[Mapping[str, Any]], train: Sequence[Mapping[str, Any]],
+                 lines: Sequence[str]) -> Session:
+        rng = random.Random(f"{self.seed}/s{n:03d}")
+        readers = list(READERS)
+        actions = rng.sample(ACTIONS, self.functions - len(readers))
+        chosen: list[Function] = readers + actions
+        rng.shuffle(chosen)
+        kinds, tool_k = self.kinds(), 0
+        plan: list[Function | None] = []
+        for kind in kinds:
+            if kind == "tool":
+                plan.append(rng.choice(readers) if tool_k % 2 == 0 else rng.choice(actions))
+                tool_k += 1
+            else:
+                plan.append(None)
+        example = next((f for f in actions if f.facts == 0), actions[0])
+        need = kinds.count("lookup") + sum(f.facts for f in plan if f is not None) + example.facts + 1
+        fact_tokens = int(self.context_tokens * FACT_SHARE)
+        facts = [Fact(k, v) for k, v in make_facts(rng, int(fact_tokens * CHARS_PER_TOKEN["fact"]), need)]
+        asked = rng.sample(facts, need)  # consumed from the end
+        docs = "".join(json.dumps(f.doc) + "\n" for f in chosen)
+        shown_example = example.draw(Draw(random.Random(f"{self.seed}/s{n:03d}/example"), asked, lambda: ""))
+        lookup_fact = asked.pop()
+        examples = (QUESTION.format(text=shown_example.request) + TARGET_DELIMITER + shown_example.answer
+                    + f"\nTool: {shown_example.result}" + TURN_END
+                    + QUESTION.format(text=LOOKUP_TEXT.format(key=lookup_fact.key)) + TARGET_DELIMITER
+                    + lookup_fact.value + TURN_END)
+        head = (INTRO + FUNCTIONS_HEADER + docs + "\n" + FACTS_HEADER
+                + "".join(f"{f.key}: {f.value}\n" for f in facts) + "\n" + EXAMPLES_HEADER + examples)
+        used = len(INTRO + FUNCTIONS_HEADER + docs + examples) / CHARS_PER_TOKEN["json"] + fact_tokens
+        shot_chars = int(max(0.0, self.context_tokens - used) * CHARS_PER_TOKEN["gsm8k"])
+        context = head + gsm8k_shots(rng, train, shot_chars, SHOT) + CONVERSATION_HEADER
+        draws = len(asked)
+
+        def build(passage_chars: int) -> list[Turn]:
+            pool, out = list(asked[:draws]), []
+            for k, (kind, fn) in enumerate(zip(kinds, plan, strict=True), start=1):
+                turn_rng = random.Random(f"{self.seed}/s{n:03d}/t{k}")
+                if fn is not None:
+                    tool = fn.draw(Draw(turn_rng, pool, lambda r=turn_rng: passage(lines, r, passage_chars)))
+                    out.append(Turn("tool", QUESTION.format(text=tool.request), tool.answer, f"\nTool: {tool.result}",
+                                    tool.function, tool))
+                elif kind == "lookup":
+                    fact = pool.pop()
+                    out.append(Turn("lookup", QUESTION.format(text=LOOKUP_TEXT.format(key=fact.key)), fact.value,
+                                    source=fact.key))
+                else:
+                    doc = tests.pop()
+                    out.append(Turn("gsm8k", QUESTION.format(text=doc["question"]), doc["answer"], source=str(doc["id"])))
+            return out
+
+        saved = list(tests)
+        bare = build(0)
+        tests[:] = saved
+        reads = sum(t.tool is not None and t.tool.reads for t in bare)
+        fact_chars = sum(len(f.key) + len(f.value) + 3 for f in facts)
+        est = (len(context) - fact_chars) / CHARS_PER_TOKEN["json"] + fact_chars / CHARS_PER_TOKEN["fact"] + sum(
+            len(history_text(t)) / CHARS_PER_TOKEN["gsm8k" if t.kind == "gsm8k" else "turn"] for t in bare)
+        budget = (self.session_tokens - est) * CHARS_PER_TOKEN["wiki"] / max(reads, 1)
+        return Session(context, tuple(build(max(MIN_PASSAGE_CHARS, int(budget)))))
+
+    def build_sessions(self, data_dir: Path | None) -> list[Session]:
+        """Every session, from the task's seed; EvalError when the data is too small."""
+        n_gsm = self.kinds().count("gsm8k")
+        test = data.load("gsm8k", data_dir, "test") if n_gsm else []
+        train = data.load("gsm8k", data_dir, "train")
+        lines = haystack_lines(data.load("wikitext2", data_dir, "test"))
+        if self.sessions * n_gsm > len(test):
+            raise EvalError(f"agentic: {self.sessions} sessions x {n_gsm} GSM8K turns need {self.sessions * n_gsm} "
+                            f"test problems; the data has {len(test)}: lower sessions or turns")
+        order = random.Random(f"{self.seed}/gsm8k").sample(range(len(test)), self.sessions * n_gsm)
+        out = []
+        for n in range(self.sessions):
+            mine = [test[j] for j in reversed(order[n * n_gsm:(n + 1) * n_gsm])]  # popped from the end
+            out.append(self._session(n, mine, train, lines))
+        return out
+
+    def path_names(self) -> list[str]:
+        """This task's cache paths, in item order."""
+        return [p for p in path_names(self.shuffles) if p in self.paths or p.startswith("shuffled")]
+
+    def items(self, data_dir: Path | None) -> list[Item]:
+        """sessions x turns x cache paths, session-major, turn by turn, paths in `path_names` order."""
+        items = []
+        for n, s in enumerate(self.build_sessions(data_dir)):
+            session = f"s{n:03d}"
+            for k, (turn, prompt) in enumerate(zip(s.turns, turn_prompts(s.context, s.turns), strict=True), start=1):
+                tool = None
+                if turn.tool is not None:
+                    tool = {"function": turn.tool.function, "answer": turn.answer, "answers": list(turn.tool.answers),
+                            "docs": [BY_NAME[turn.tool.function].doc]}
+                for path in self.path_names():
+                    items.append(Item(item_id=f"{session}/t{k}/{path}", cluster=session, doc={
+                        "session": session, "turn": k, "path": path, "ask": turn.kind, "prompt": prompt,
+                        "answer": turn.answer, "source": turn.source, "context_chars": len(s.context), "tool": tool}))
+        return items
+
+    def session_context(self, item: Item) -> str:
+        """The shared context every turn of the item's session starts with."""
+        return item.doc["prompt"][: item.doc["context_chars"]]
+
+    def request(self, item: Item, *, repeat: int, seed: int) -> Request:
+        """Generate after the turn's prompt (the same on every path) with its kind's settings."""
+        return generate_request(item.doc["prompt"], self._settings(item.doc["ask"]), seed)
+
+    def prompt_text(self, request: Request) -> str:
+        """The whole prompt of the turn."""
+        return generate_prompt(request)
+
+    def reference(self, item: Item) -> str:
+        """The turn's reference answer as the continuation of its prompt (what the next turn's prompt holds)."""
+        return turn_reference(item)
+
+    def reference_request(self, item: Item) -> TokenLogprobsRequest:
+        """The teacher-forced pass over the turn's reference answer given its prompt."""
+        return turn_reference_request(item)
+
+    def score(self, item: Item, result: Result) -> Scored:
+        """Tool turns: BFCL's AST match; look-ups: the value's exact match; GSM8K: lm-eval's exact match."""
+        assert isinstance(result, GenerateResult)
+        kind = item.doc["ask"]
+        if kind == "tool":
+            scored = score_tool(result.text, item.doc["tool"])
+        elif kind == "lookup":
+            scored = score_lookup(result.text, item.doc["answer"])
+        else:
+            scored = score_gsm8k(result.text, item.doc["answer"])
+        meta = {"kind": kind, "prompt_chars": len(item.doc["prompt"]), **scored.meta}
+        return Scored(scores=scored.scores, extracted=scored.extracted, target=scored.target, meta=meta)
+
+
+DEFAULT_SETTINGS: dict[str, GenSettings] = {
+    "tool": GenSettings(until=LINE_UNTIL, max_tokens=TOOL_MAX_TOKENS),
+    "lookup": GenSettings(until=LINE_UNTIL, max_tokens=LOOKUP_MAX_TOKENS),
+    "gsm8k": GenSettings(until=(*USER_UNTIL, *GSM8K_UNTIL), max_tokens=GSM8K_MAX_TOKENS),
+}
+CHATS = False  # a session is one growing raw prompt (build refuses chat = true)
+
+
+def _names(extra: Mapping[str, Any], key: str, default: tuple[str, ...], allowed: tuple[str, ...]) -> tuple[Any, ...]:
+    value = extra.get(key, default)
+    if (not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) for v in value)
+            or (bad := sorted(set(value) - set(allowed)))):
+        shown = f" ({', '.join(bad)} unknown)" if isinstance(value, list | tuple) and value and all(
+            isinstance(v, str) for v in value) else ""
+        raise EvalError(f"agentic: option {key} must be a non-empty list of {', '.join(allowed)}, got {value!r}{shown}")
+    return tuple(value)
+
+
+def build(name: str, options: TaskOptions, template: object = None) -> AgenticTask:
+    """The task with its options (module doc); each refused in one line when out of range."""
+    extra = probe_extra("agentic", options, OPTION_KEYS, "the context holds its own worked examples")
+    check_options(name, options, generates=True, extra=True,
+                  chats="a session is one growing raw prompt, not an lm-eval prompt")
+    paths = _names(extra, "paths", PATHS, PATHS)
+    if len(set(paths)) != len(paths):
+        raise EvalError(f"agentic: option paths lists a path twice: {list(paths)}")
+    context = int_option("agentic", extra, "context_tokens", DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS)
+    session = int_option("agentic", extra, "session_tokens", DEFAULT_SESSION_TOKENS, context + 1)
+    functions = int_option("agentic", extra, "functions", DEFAULT_FUNCTIONS, len(READERS) + 1)
+    if functions > len(CATALOGUE):
+        raise EvalError(f"agentic: option functions must be at most {len(CATALOGUE)} (the catalogue), got {functions}")
+    settings = {k: gen_settings(options, s.until, s.max_tokens) for k, s in DEFAULT_SETTINGS.items()}
+    return AgenticTask(
+        sessions=int_option("agentic", extra, "sessions", DEFAULT_SESSIONS, 1),
+        turns=int_option("agentic", extra, "turns", DEFAULT_TURNS, 1),
+        session_tokens=session, context_tokens=context, functions=functions,
+        cycle=_names(extra, "cycle", DEFAULT_CYCLE, KINDS), paths=paths,
+        seed=int_option("agentic", extra, "seed", DEFAULT_SEED, 0),
+        shuffles=int_option("agentic", extra, "shuffles", 0, 0),
+        shuffle_batch=int_option("agentic", extra, "shuffle_batch", DEFAULT_SHUFFLE_BATCH, 2),
+        settings=settings, reference_signal=options.reference_signal, think_tags=options.think_tags, name=name)
