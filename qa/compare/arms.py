@@ -18,6 +18,7 @@ from qa.compare.estimate import adjust_multiplicity, estimate, excess_flips
 from qa.compare.generation import generation_estimate
 from qa.compare.pairing import pair_records, paired_metric, score_keys
 from qa.compare.reference import reference_estimate
+from qa.compare.slices import slice_tables
 from qa.files.comparison import Comparison, Estimate, StatsSettings
 
 ArmFormat = Literal["records", "lm-eval"]
@@ -112,5 +113,7 @@ def compare_arms(
         generation=generation,
         reference=[r for r in (reference_estimate(pt, reruns.get(pt.task)) for pt in tasks) if r is not None],
         cache_path=cache_path_estimates(baseline.records, candidate.records, settings),
+        slices=slice_tables(baseline.records, (candidate.label, candidate.records),
+                            (rerun.label, rerun.records) if rerun is not None else None),
         notes=notes,
     )

@@ -13,7 +13,8 @@ session), score flips, the prefix-cache hit rate the engine reported (cached / p
 depth. Across arms: the candidate's warm-vs-cold KL minus the baseline's (CR1 by session), the
 excess-flip sign test (`qa.compare.estimate.flip_excess`, the baseline's warm-vs-cold flips as the floor),
 and accuracy of the candidate's warm path against the baseline's cold path (`qa.compare.estimate`).
-The standard per-task estimates of such a task use the cold path only (`standard_records`).
+The standard per-task estimates of such a task use the cold path only (`standard_records`; the warm path of
+a task served warm only). A task served on one path only has no cache-path estimate.
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ def cache_path_of(record: SampleRecord) -> str | None:
 
 
 def standard_records(records: Iterable[SampleRecord]) -> tuple[SampleRecord, ...]:
-    """The records the standard per-task estimates use: every record, but only the cold path of a
-    cache-path task (its warm and shuffled records serve the same turns again)."""
-    return tuple(r for r in records if cache_path_of(r) in (None, "cold"))
+    """The records the standard per-task estimates use: every record, but only one path of a cache-path task
+    (its other paths serve the same turns again): the cold path, or the warm path of a task served warm only."""
+    records = tuple(records)
+    warm_only = {r.task for r in records if cache_path_of(r) == "warm"} - {
+        r.task for r in records if cache_path_of(r) == "cold"}
+    return tuple(r for r in records if cache_path_of(r) in (None, "cold")
+                 or (cache_path_of(r) == "warm" and r.task in warm_only))
 
 
 def first_divergence(a: str, b: str) -> int | None:
@@ -273,6 +278,8 @@ def cache_path_estimates(baseline: Sequence[SampleRecord], candidate: Sequence[S
                 only = len(set(base[path]) ^ set(cand[path]))
                 raise PairingError(f"task {task}: the arms' {path} paths differ on {only} (session, turn) units; "
                                    "finish or re-run the missing sessions in both arms")
+        if not (base["cold"] and base["warm"]) and not (cand["cold"] and cand["warm"]):
+            continue  # served on one path only (an agentic task's `paths`): nothing to compare warm with
         arm_b, arm_c = arm_stats(_arm_name(baseline, task), task, base), arm_stats(_arm_name(candidate, task), task, cand)
         if arm_b is None or arm_c is None:
             raise PairingError(f"task {task}: no turn was served both cold and warm; run its warm and cold paths")

@@ -40,6 +40,7 @@ from qa.files.estimates import (
     Multiplicity,
     StatsSettings,
 )
+from qa.files.slices import SliceTable
 from quant.fileio import atomic_write_text
 from quant.validation import first_error
 
@@ -230,6 +231,8 @@ class Comparison(Frozen):
     reference: list[ReferenceEstimate] = Field(default_factory=list)  # tasks with reference answers
     # (issue 15, cache path: fields below this line)
     cache_path: list[CachePathEstimate] = Field(default_factory=list)  # sessions tasks: warm vs cold per arm
+    # (issue 25, per-slice tables: fields below this line)
+    slices: list[SliceTable] = Field(default_factory=list)  # per turn depth / context length / kind (qa.files.slices)
     notes: list[str] = Field(default_factory=list)
 
     def generation_for(self, task: str) -> GenerationEstimate | None:

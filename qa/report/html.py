@@ -37,6 +37,7 @@ from qa.report.rows import (
     table_row,
 )
 from qa.report.sequential import html_section as sequential_section
+from qa.report.slices import html_section as slices_section
 from qa.textfmt import percent
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -196,6 +197,7 @@ def render_html(inp: ReportInputs, figs: Figures) -> str:
         parts += [_img(png, f"KL divergence per chunk, {task}") for task, png in figs.kl]
     parts.append(reference_section(inp))
     parts.append(cache_path_section(inp))
+    parts.append(slices_section(inp))
     parts += ["<h2>Changed answers</h2>", _examples(inp)]
     parts += ["<h2>Methods and conventions</h2><ul>"] + [f"<li>{_e(m)}</li>" for m in methods(inp)] + ["</ul>"]
     parts += [

@@ -12,6 +12,7 @@ from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance
 from qa.report.provenance import markdown_section as kv_provenance_section
 from qa.report.reference import markdown_section as reference_section
 from qa.report.sequential import markdown_section as sequential_section
+from qa.report.slices import markdown_section as slices_section
 from qa.textfmt import md_cell, percent
 
 FIGURE_TITLES = {"forest": "Forest plot of delta", "flips": "Flips"}
@@ -106,6 +107,7 @@ def render_markdown(inp: ReportInputs, figure_files: dict[str, str] | None = Non
         )
     lines += reference_section(inp)
     lines += cache_path_section(inp)
+    lines += slices_section(inp)
     lines += ["", "## Changed answers", ""] + _examples(inp)
     lines += ["", "## Methods and conventions", ""] + [f"- {md_cell(m)}" for m in methods(inp)]
     lines += ["", "## Provenance", ""] + [f"- {md_cell(k)}: {md_cell(val)}" for k, val in provenance(inp)]

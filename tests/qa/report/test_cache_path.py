@@ -38,7 +38,8 @@ def test_cache_path_section_in_markdown_and_html(tmp_path: Path) -> None:
     assert "| 0% |" in row and "6/12 (50.0%" in row  # cold hit rate 0; 6 of 12 warm completions identical
     assert "exact_match,none: 6/12 (3 worse warm, 3 better)" in row
     assert "A/A floor" in md and "12/12 (100.0%" in row  # shuffled pass bit-identical to cold
-    turn_rows = [line for line in md.splitlines() if line.startswith(("| 1 | ", "| 2 | "))]
+    section = md.split("## Cache path")[1].split("\n## ")[0]  # the per-slice section below has rows like these
+    turn_rows = [line for line in section.splitlines() if line.startswith(("| 1 | ", "| 2 | "))]
     assert [r.split(" | ")[1] for r in turn_rows] == ["baseline", "candidate", "baseline", "candidate"]
     assert any(r.startswith("| 2 | candidate | 6 | 60.0% | 6/6 (100.0%") for r in turn_rows)
     assert "Excess flips (exact_match,none): 6 candidate vs 0 baseline" in md
