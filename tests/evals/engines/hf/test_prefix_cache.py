@@ -1,6 +1,7 @@
 """The hf engine's prefix cache: block-aligned hits counted per request and in total, the served KV
 kept as the cache held it (NVFP4 bytes included), the LRU token budget, and the bad inputs. The
-warm == cold fact (format none, replay off) is checked on the tiny model and on SmolLM2-135M."""
+warm == cold fact (format none, replay off, and replay of whole blocks) is checked on the tiny model and
+(replay off) on SmolLM2-135M. Models with sliding-window layers: test_swa_replay.py."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ def cached_engine(**prefix_cache: object):  # -> HFEngine
 
 
 def test_bounds_and_common_prefix() -> None:
-    assert chunk_bounds(0, 0, 20, 8) == [(0, 8), (8, 16), (16, 20)]
-    assert chunk_bounds(16, 16, 20, 8) == [(16, 20)]
-    assert chunk_bounds(6, 16, 30, 8) == [(6, 16), (16, 24), (24, 30)]  # the replay pass, then aligned chunks
+    assert chunk_bounds(0, 20, 8) == [(0, 8), (8, 16), (16, 20)]
+    assert chunk_bounds(16, 20, 8) == [(16, 20)]
+    assert chunk_bounds(6, 30, 8) == [(6, 8), (8, 16), (16, 24), (24, 30)]  # a replay from 6: cold shapes after 8
     assert common_prefix((1, 2, 3, 4), [1, 2, 9], 10) == 2
     assert common_prefix((1, 2, 3), [1, 2, 3, 4], 2) == 2
 
@@ -60,15 +61,6 @@ def test_replay_window_larger_than_the_context_is_refused() -> None:
     assert not off.prefix_cache_enabled
     with pytest.raises(EngineError, match="no prefix cache"):
         off.prefix_cache_stats()
-
-
-def test_a_model_with_sliding_window_layers_is_refused() -> None:
-    from evals.engines.hf.engine import HFEngine
-    from tests.tiny_models import tiny_gemma3, tiny_tokenizer
-
-    args = parse_args({"kv": {"format": "none", "prefix_cache": {"block": BLOCK}}})
-    with pytest.raises(EngineError, match="sliding-window layers"):
-        HFEngine(tiny_gemma3(), tiny_tokenizer(), args, "tiny-gemma3")
 
 
 def test_hits_are_whole_blocks_counted_per_request_and_in_total() -> None:
@@ -118,8 +110,11 @@ def test_lru_budget_drops_the_least_recently_used_prompt() -> None:
     assert list(kept) == engine.hf.tokens.encode(prompts[1])[: len(kept)]
 
 
-def test_format_none_warm_equals_cold_bit_for_bit_on_the_tiny_model() -> None:
-    engine = cached_engine()
+@pytest.mark.parametrize("replay", [0, 2 * BLOCK], ids=["replay-off", "replay-of-whole-blocks"])
+def test_format_none_warm_equals_cold_bit_for_bit_on_the_tiny_model(replay: int) -> None:
+    """Without replay a hit reads the cold run's positions; on full-attention layers a replay recomputes
+    [P - W, P) in the cold run's chunk shapes, so with W a multiple of the block it is exact too."""
+    engine = cached_engine(replay_window=replay)
     p2 = PROMPT + MORE
     gen = GenerateRequest(prompt=p2, max_tokens=6)
     tf = TokenLogprobsRequest(text=" and the bread", context=p2, top_k=5)
@@ -134,21 +129,27 @@ def test_format_none_warm_equals_cold_bit_for_bit_on_the_tiny_model() -> None:
 
 
 def test_nvfp4_hit_reads_the_stored_bytes_unchanged() -> None:
+    """An entry is the cache as the prompt's prefill held it at its last whole block (NVFP4 bytes, FP8
+    window and dynamic scales), so a hit reads what a cold prefill of those positions stores."""
     engine = tiny_engine({"kv": {"format": "nvfp4", "recent_window": 4, "prefix_cache": {"block": BLOCK}}})
     ids = engine.hf.tokens.encode(PROMPT)
-    served = engine.prefix_cache.serve(ids, len(ids) - 1, len(ids))
+    keep = len(ids) // BLOCK * BLOCK
+    assert keep < len(ids)  # the entry is cut before the prompt's last chunk
+    engine.prefix_cache.serve(ids, len(ids) - 1, len(ids))
     cache, read, _ = engine.prefix_cache.lookup(ids + ids, len(ids) - 1)
-    assert read == len(ids) // BLOCK * BLOCK and read > len(ids) - 4
-    for mine, live in zip(cache.layers, served.cache.layers, strict=True):
+    assert read == keep
+    engine.reset_prefix_cache()
+    cold = engine.prefix_cache.serve(ids[:keep], keep - 1, keep).cache  # a cold prefill of the hit's positions
+    for mine, live in zip(cache.layers, cold.layers, strict=True):
         for a, b in ((mine.k, live.k), (mine.v, live.v)):
-            (main, recent), (live_main, live_recent) = a.stored(), b.stored()
-            assert main is not None and live_main is not None and recent is not None and live_recent is not None
+            (main, recent), (cold_main, cold_recent) = a.stored(), b.stored()
+            assert main is not None and cold_main is not None and recent is not None and cold_recent is not None
             assert main.format == "nvfp4" and recent.format == "fp8_e4m3"
-            assert all(torch.equal(t, live_main.data[key]) for key, t in main.data.items())  # NVFP4 bytes as held
-            assert recent.shape[-2] == read - (len(ids) - 4)  # the FP8 window's positions before the hit's end
-            assert torch.equal(recent.data["values"], live_recent.data["values"][..., : recent.shape[-2], :])
+            assert all(torch.equal(t, cold_main.data[key]) for key, t in main.data.items())  # NVFP4 bytes
+            assert recent.shape[-2] == 4  # the whole FP8 window, as a cold prefill ends with it
+            assert torch.equal(recent.data["values"], cold_recent.data["values"])
             assert torch.equal(a.scale, b.scale)  # the served prompt's own dynamic scale
-            assert torch.equal(a.view(), b.view()[..., :read, :])  # the served values, not recomputed
+            assert torch.equal(a.view(), b.view())  # the stored values, not recomputed
 
 
 def gsm8k_turns(data_dir: Path, n: int) -> list[str]:
