@@ -45,6 +45,7 @@ TASKS: dict[str, str] = {
     "needle": "evals.tasks.needle",
     "sessions": "evals.tasks.sessions",
     "agentic": "evals.tasks.agentic",
+    "agentic_bfcl": "evals.tasks.agentic",
     "ruler": "evals.tasks.ruler",
 }
 
@@ -76,6 +77,7 @@ TASK_DATASETS: dict[str, tuple[str, ...]] = {
     "needle": (),
     "sessions": ("gsm8k",),
     "agentic": ("gsm8k", "wikitext2"),
+    "agentic_bfcl": ("gsm8k",),
     "ruler": ("wikitext2",),
 }
 

@@ -24,6 +24,14 @@ completion; look-up: the last number; GSM8K: lm-eval's last number). Record meta
 and for tool turns "function", "tool_parsed" (the completion decodes as calls: valid), "tool_correct"
 (strict) and "tool_error" (BFCL's error type). The teacher-forced continuation is the reference answer.
 
+`agentic_bfcl` is the same with the tool turns of BFCL's multi-turn base entries (evals.tasks.bfcl, read
+from the installed bfcl-eval at run time): one entry per session (a seeded draw among the entries whose
+function docs fit `context_tokens`), its classes' docs in the context, its user turns in the tool slots of
+`cycle` in order (slots past its last turn dropped, so a session may have fewer than `turns` turns; the 3
+turns that expect no call are left out), the
+ground-truth calls as reference answers and BFCL's executor's results after them; records name the entry
+("tool_source"), and the report shows its changed answers by record id only.
+
 Sizes are approximate (CHARS_PER_TOKEN, measured on SmolLM2's tokenizer; Gemma-3's is within 10%); the
 session runner refuses a session whose longest turn does not fit the model's window, counted with the real
 tokenizer, before anything runs.
@@ -33,15 +41,38 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from evals import data
 from evals.engines.base import GenerateResult, TokenLogprobsRequest
 from evals.errors import EvalError
+from evals.tasks.agentic_text import (
+    CHARS_PER_TOKEN,
+    CONVERSATION_HEADER,
+    EXAMPLES_HEADER,
+    FACTS_HEADER,
+    FUNCTIONS_HEADER,
+    INTRO,
+    KINDS,
+    LINE_UNTIL,
+    LOOKUP_TEXT,
+    QUESTION,
+    SHOT,
+    TURN_END,
+    USER_UNTIL,
+    Kind,
+    Turn,
+    haystack_lines,
+    history_text,
+    passage,
+    score_tool,
+    turn_prompts,
+)
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
+from evals.tasks.bfcl import BFCL_VERSION, BfclEntry, load_entries
 from evals.tasks.common import (
     TARGET_DELIMITER,
     GenSettings,
@@ -54,7 +85,6 @@ from evals.tasks.common import (
 )
 from evals.tasks.sessions import (
     GSM8K_UNTIL,
-    INVALID,
     gsm8k_shots,
     make_facts,
     path_names,
@@ -63,11 +93,12 @@ from evals.tasks.sessions import (
     turn_reference,
     turn_reference_request,
 )
-from evals.tasks.tool_calls import check_calls, decode_calls, decode_first_span, render_calls
-from evals.tasks.tool_catalog import ACTIONS, BY_NAME, CATALOGUE, READERS, Draw, Fact, Function, ToolTurn
+from evals.tasks.tool_calls import FunctionDoc
+from evals.tasks.tool_catalog import ACTIONS, CATALOGUE, READERS, Draw, Fact, ToolTurn
 
-Kind = Literal["tool", "lookup", "gsm8k"]
-KINDS: tuple[str, ...] = get_args(Kind)
+Tools = Literal["generated", "bfcl"]
+ToolSlot = Callable[[Draw], ToolTurn]  # draws the tool turn of one slot (the generated catalogue or BFCL)
+
 PATHS = ("cold", "warm")  # the shuffled passes are `shuffles`
 OPTION_KEYS = ("sessions", "turns", "session_tokens", "context_tokens", "functions", "cycle", "paths", "seed",
                "shuffles", "shuffle_batch")
@@ -75,103 +106,27 @@ DEFAULT_SESSIONS = 4
 DEFAULT_TURNS = 16
 DEFAULT_SESSION_TOKENS = 4096
 DEFAULT_CONTEXT_TOKENS = 1536
+DEFAULT_BFCL_CONTEXT_TOKENS = 5120  # BFCL's smallest entries list about 3.6K tokens of function docs
 DEFAULT_FUNCTIONS = 8
 DEFAULT_CYCLE: tuple[Kind, ...] = ("tool", "lookup", "tool", "gsm8k")
 DEFAULT_SEED = 20250325  # any fixed value; the same in both arms
 DEFAULT_SHUFFLE_BATCH = 4
 MIN_CONTEXT_TOKENS = 512
+BFCL_HEADROOM = 400  # tokens of context besides a BFCL entry's function docs (instruction, facts, example)
 FACT_SHARE = 0.15  # share of context_tokens spent on reference facts
-# characters per token, measured on SmolLM2's tokenizer (Gemma-3's within 10%): GSM8K, fact lines, WikiText, the
-# JSON function docs, tool and look-up turns (a call, its result: digits and punctuation)
-CHARS_PER_TOKEN = {"gsm8k": 2.8, "fact": 1.5, "wiki": 4.3, "json": 3.5, "turn": 2.65}
 MIN_PASSAGE_CHARS = 120  # a read function returns at least this much text
 TOOL_MAX_TOKENS = 96  # the longest reference call of the catalogue is about 50 tokens
 LOOKUP_MAX_TOKENS = 16
 GSM8K_MAX_TOKENS = 256  # lm-eval gsm8k's max_gen_toks
-USER_UNTIL = ("User:", "Tool:")
-LINE_UNTIL = ("\n", *USER_UNTIL, *GSM8K_UNTIL)
-INTRO = ("You are an assistant that can call the functions documented below. When a request needs a function, "
-         "answer with the call alone, on one line, in Python syntax: [function_name(parameter=value, ...)]. The "
-         "function's result follows on a line that starts with 'Tool:'. Answer every other question directly.\n\n")
-FUNCTIONS_HEADER = "Functions:\n"
-FACTS_HEADER = "Reference facts:\n"
-EXAMPLES_HEADER = "Worked examples:\n\n"
-CONVERSATION_HEADER = "Conversation:\n\n"
-QUESTION = "User: {text}\nAssistant:"
-LOOKUP_TEXT = "What is the value stored under {key} in the reference facts?"
-SHOT = "User: {question}\nAssistant:" + TARGET_DELIMITER + "{answer}\n\n"
-TURN_END = "\n\n"
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn: its question (prompt text), reference answer, what follows the answer (a tool result) and
-    where it comes from (a function name, a fact key, a GSM8K test row id)."""
-
-    kind: Kind
-    question: str
-    answer: str
-    after: str = ""
-    source: str = ""
-    tool: ToolTurn | None = None
-
-
-def history_text(turn: Turn) -> str:
-    """A turn as later prompts hold it: question, reference answer, tool result."""
-    return turn.question + TARGET_DELIMITER + turn.answer + turn.after + TURN_END
-
-
-def turn_prompts(context: str, turns: Sequence[Turn]) -> list[str]:
-    """Each turn's prompt: the context, every earlier turn with its reference answer and result, its question."""
-    prompts, history = [], context
-    for turn in turns:
-        prompts.append(history + turn.question)
-        history += history_text(turn)
-    return prompts
-
-
-def haystack_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """WikiText-2's text lines without blanks and headings (" = Title = "), stripped."""
-    return [r["text"].strip() for r in rows if r["text"].strip() and not r["text"].lstrip().startswith("=")]
-
-
-def passage(lines: Sequence[str], rng: random.Random, n_chars: int) -> str:
-    """About n_chars characters of consecutive haystack lines from a seeded start, cut at a space."""
-    start = rng.randrange(len(lines))
-    out, size, i = [], 0, start
-    while size < n_chars:
-        out.append(lines[i % len(lines)])
-        size += len(out[-1]) + 1
-        i += 1
-    text = " ".join(out)
-    cut = text.rfind(" ", 0, n_chars)
-    return text[: cut if cut > 0 else n_chars]
-
-
-def score_tool(completion: str, tool: Mapping[str, Any]) -> Scored:
-    """A tool turn: strict = the completion's first line decodes as calls that pass the AST checker; flexible =
-    the first bracketed call list anywhere in it; meta says parsed (valid) and BFCL's error type."""
-    docs, answers = tool["docs"], tool["answers"]
-    strict = decode_calls(completion.strip().split("\n", 1)[0])
-    flexible = decode_first_span(completion) or strict
-    checks = {k: check_calls(docs, calls, answers) if calls else None
-              for k, calls in (("strict-match", strict), ("flexible-extract", flexible))}
-    scores: dict[str, float | None] = {f"exact_match,{k}": float(c is not None and c.correct) for k, c in checks.items()}
-    extracted: dict[str, str | None] = {k: render_calls(c) if c else INVALID
-                                        for k, c in (("strict-match", strict), ("flexible-extract", flexible))}
-    first = checks["strict-match"]
-    meta: dict[str, str | int | float | bool | None] = {
-        "function": tool["function"], "tool_parsed": strict is not None, "tool_correct": bool(first and first.correct),
-        "tool_error": "not_parsed" if first is None else first.error_type or None}
-    return Scored(scores=scores, extracted=extracted, target=tool["answer"], meta=meta)
 
 
 @dataclass(frozen=True)
 class Session:
-    """A session: its context and turns."""
+    """A session: its context, turns and the function docs its context lists."""
 
     context: str
     turns: tuple[Turn, ...]
+    docs: tuple[FunctionDoc, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -191,6 +146,7 @@ class AgenticTask:
     settings: Mapping[str, GenSettings] | None = None  # per kind; None: the defaults
     reference_signal: bool = True
     think_tags: tuple[str, str] | None = None
+    tools: Tools = "generated"
     name: str = "agentic"
     version: str = "1"
     kind: TaskKind = "generate"
@@ -207,81 +163,116 @@ class AgenticTask:
         """The largest generation budget of any kind of turn (what the session runner sizes the window with)."""
         return max(self._settings(k).max_tokens for k in set(self.kinds()))
 
-    def _session(self, n: int, tests: list[Mapping[str, Any]], train: Sequence[Mapping[str, Any]],
-                 lines: Sequence[str]) -> Session:
-        rng = random.Random(f"{self.seed}/s{n:03d}")
+    def _plan(self, rng: random.Random, entry: BfclEntry | None) -> tuple[list[Kind], list[ToolSlot | None], list[str], int]:
+        """(kinds, one tool slot per turn or None, documented functions as JSON lines, facts the turns use).
+        Generated: tool slots alternate a read function and an action; BFCL: the entry's turns in order (tool
+        slots past its last turn are dropped)."""
+        if entry is not None:
+            turns = iter(t for t in entry.turns if t.calls)  # 3 of BFCL's 734 turns expect no call: left out
+            kinds: list[Kind] = []
+            slots: list[ToolSlot | None] = []
+            for kind in self.kinds():
+                if kind == "tool":
+                    bt = next(turns, None)
+                    if bt is None:
+                        continue
+                    slots.append(lambda _d, t=bt, e=entry.id: ToolTurn(
+                        " ".join(c.name for c in t.calls), t.request, t.calls, t.answers, t.result, False, e))
+                else:
+                    slots.append(None)
+                kinds.append(kind)
+            return kinds, slots, [json.dumps(d) for d in entry.docs], 0
         readers = list(READERS)
         actions = rng.sample(ACTIONS, self.functions - len(readers))
-        chosen: list[Function] = readers + actions
+        chosen = readers + actions
         rng.shuffle(chosen)
-        kinds, tool_k = self.kinds(), 0
-        plan: list[Function | None] = []
-        for kind in kinds:
+        slots, tool_k, facts = [], 0, 0
+        for kind in self.kinds():
+            fn = None
             if kind == "tool":
-                plan.append(rng.choice(readers) if tool_k % 2 == 0 else rng.choice(actions))
-                tool_k += 1
-            else:
-                plan.append(None)
-        example = next((f for f in actions if f.facts == 0), actions[0])
-        need = kinds.count("lookup") + sum(f.facts for f in plan if f is not None) + example.facts + 1
+                fn = rng.choice(readers) if tool_k % 2 == 0 else rng.choice(actions)
+                tool_k, facts = tool_k + 1, facts + fn.facts
+            slots.append(fn.draw if fn is not None else None)
+        return self.kinds(), slots, [json.dumps(f.doc) for f in chosen], facts
+
+    def _session(self, n: int, tests: list[Mapping[str, Any]], train: Sequence[Mapping[str, Any]],
+                 lines: Sequence[str], entry: BfclEntry | None = None) -> Session:
+        rng = random.Random(f"{self.seed}/s{n:03d}")
+        kinds, slots, doc_lines, tool_facts = self._plan(rng, entry)
+        example = None if entry is not None else next(
+            (f for f in ACTIONS if f.facts == 0 and json.dumps(f.doc) in doc_lines), None)
+        need = kinds.count("lookup") + tool_facts + 1
         fact_tokens = int(self.context_tokens * FACT_SHARE)
         facts = [Fact(k, v) for k, v in make_facts(rng, int(fact_tokens * CHARS_PER_TOKEN["fact"]), need)]
         asked = rng.sample(facts, need)  # consumed from the end
-        docs = "".join(json.dumps(f.doc) + "\n" for f in chosen)
-        shown_example = example.draw(Draw(random.Random(f"{self.seed}/s{n:03d}/example"), asked, lambda: ""))
+        docs = "".join(d + "\n" for d in doc_lines)
+        examples = ""
+        if example is not None:
+            shown = example.draw(Draw(random.Random(f"{self.seed}/s{n:03d}/example"), asked, lambda: ""))
+            examples = QUESTION.format(text=shown.request) + TARGET_DELIMITER + shown.answer + f"\nTool: {shown.result}" + TURN_END
         lookup_fact = asked.pop()
-        examples = (QUESTION.format(text=shown_example.request) + TARGET_DELIMITER + shown_example.answer
-                    + f"\nTool: {shown_example.result}" + TURN_END
-                    + QUESTION.format(text=LOOKUP_TEXT.format(key=lookup_fact.key)) + TARGET_DELIMITER
-                    + lookup_fact.value + TURN_END)
+        examples += (QUESTION.format(text=LOOKUP_TEXT.format(key=lookup_fact.key)) + TARGET_DELIMITER
+                     + lookup_fact.value + TURN_END)
         head = (INTRO + FUNCTIONS_HEADER + docs + "\n" + FACTS_HEADER
                 + "".join(f"{f.key}: {f.value}\n" for f in facts) + "\n" + EXAMPLES_HEADER + examples)
         used = len(INTRO + FUNCTIONS_HEADER + docs + examples) / CHARS_PER_TOKEN["json"] + fact_tokens
         shot_chars = int(max(0.0, self.context_tokens - used) * CHARS_PER_TOKEN["gsm8k"])
         context = head + gsm8k_shots(rng, train, shot_chars, SHOT) + CONVERSATION_HEADER
-        draws = len(asked)
 
         def build(passage_chars: int) -> list[Turn]:
-            pool, out = list(asked[:draws]), []
-            for k, (kind, fn) in enumerate(zip(kinds, plan, strict=True), start=1):
+            pool, todo, out = list(asked), list(tests), []
+            for k, (kind, slot) in enumerate(zip(kinds, slots, strict=True), start=1):
                 turn_rng = random.Random(f"{self.seed}/s{n:03d}/t{k}")
-                if fn is not None:
-                    tool = fn.draw(Draw(turn_rng, pool, lambda r=turn_rng: passage(lines, r, passage_chars)))
+                if slot is not None:
+                    tool = slot(Draw(turn_rng, pool, lambda r=turn_rng: passage(lines, r, passage_chars)))
                     out.append(Turn("tool", QUESTION.format(text=tool.request), tool.answer, f"\nTool: {tool.result}",
-                                    tool.function, tool))
+                                    tool.source or tool.function, tool))
                 elif kind == "lookup":
                     fact = pool.pop()
                     out.append(Turn("lookup", QUESTION.format(text=LOOKUP_TEXT.format(key=fact.key)), fact.value,
                                     source=fact.key))
                 else:
-                    doc = tests.pop()
+                    doc = todo.pop()
                     out.append(Turn("gsm8k", QUESTION.format(text=doc["question"]), doc["answer"], source=str(doc["id"])))
             return out
 
-        saved = list(tests)
         bare = build(0)
-        tests[:] = saved
         reads = sum(t.tool is not None and t.tool.reads for t in bare)
+        documented = tuple(json.loads(d) for d in doc_lines)
+        if not reads:
+            return Session(context, tuple(bare), documented)
         fact_chars = sum(len(f.key) + len(f.value) + 3 for f in facts)
         est = (len(context) - fact_chars) / CHARS_PER_TOKEN["json"] + fact_chars / CHARS_PER_TOKEN["fact"] + sum(
             len(history_text(t)) / CHARS_PER_TOKEN["gsm8k" if t.kind == "gsm8k" else "turn"] for t in bare)
-        budget = (self.session_tokens - est) * CHARS_PER_TOKEN["wiki"] / max(reads, 1)
-        return Session(context, tuple(build(max(MIN_PASSAGE_CHARS, int(budget)))))
+        budget = (self.session_tokens - est) * CHARS_PER_TOKEN["wiki"] / reads
+        return Session(context, tuple(build(max(MIN_PASSAGE_CHARS, int(budget)))), documented)
+
+    def entries(self) -> list[BfclEntry]:
+        """The BFCL entries of the sessions (agentic_bfcl): a seeded draw among those whose function docs fit
+        context_tokens; EvalError naming the context they need when too few fit."""
+        every = load_entries()
+        fits = [e for e in every if e.doc_chars / CHARS_PER_TOKEN["json"] + BFCL_HEADROOM <= self.context_tokens]
+        if len(fits) < self.sessions:
+            need = sorted(int(e.doc_chars / CHARS_PER_TOKEN["json"]) + BFCL_HEADROOM for e in every)[self.sessions - 1]
+            raise EvalError(f"agentic_bfcl: {len(fits)} BFCL entries' function docs fit context_tokens "
+                            f"{self.context_tokens}; {self.sessions} sessions need context_tokens >= {need}")
+        return random.Random(f"{self.seed}/bfcl").sample(fits, self.sessions)
 
     def build_sessions(self, data_dir: Path | None) -> list[Session]:
         """Every session, from the task's seed; EvalError when the data is too small."""
         n_gsm = self.kinds().count("gsm8k")
         test = data.load("gsm8k", data_dir, "test") if n_gsm else []
         train = data.load("gsm8k", data_dir, "train")
-        lines = haystack_lines(data.load("wikitext2", data_dir, "test"))
+        lines = haystack_lines(data.load("wikitext2", data_dir, "test")) if self.tools == "generated" else []
         if self.sessions * n_gsm > len(test):
             raise EvalError(f"agentic: {self.sessions} sessions x {n_gsm} GSM8K turns need {self.sessions * n_gsm} "
                             f"test problems; the data has {len(test)}: lower sessions or turns")
         order = random.Random(f"{self.seed}/gsm8k").sample(range(len(test)), self.sessions * n_gsm)
+        entries = self.entries() if self.tools == "bfcl" else [None] * self.sessions
         out = []
-        for n in range(self.sessions):
+        for n, entry in enumerate(entries):
             mine = [test[j] for j in reversed(order[n * n_gsm:(n + 1) * n_gsm])]  # popped from the end
-            out.append(self._session(n, mine, train, lines))
+            out.append(self._session(n, mine, train, lines, entry))
         return out
 
     def path_names(self) -> list[str]:
@@ -297,7 +288,8 @@ class AgenticTask:
                 tool = None
                 if turn.tool is not None:
                     tool = {"function": turn.tool.function, "answer": turn.answer, "answers": list(turn.tool.answers),
-                            "docs": [BY_NAME[turn.tool.function].doc]}
+                            "docs": [d for d in s.docs if d["name"] in {c.name for c in turn.tool.calls}],
+                            "source": turn.tool.source}
                 for path in self.path_names():
                     items.append(Item(item_id=f"{session}/t{k}/{path}", cluster=session, doc={
                         "session": session, "turn": k, "path": path, "ask": turn.kind, "prompt": prompt,
@@ -356,16 +348,25 @@ def _names(extra: Mapping[str, Any], key: str, default: tuple[str, ...], allowed
     return tuple(value)
 
 
+BFCL_UNREAD = {"session_tokens": "a session's length follows its BFCL entry's docs and results",
+               "functions": "the functions are the BFCL entry's"}
+
+
 def build(name: str, options: TaskOptions, template: object = None) -> AgenticTask:
-    """The task with its options (module doc); each refused in one line when out of range."""
-    extra = probe_extra("agentic", options, OPTION_KEYS, "the context holds its own worked examples")
+    """The task (`agentic`, or `agentic_bfcl`: tool turns from BFCL) with its options (module doc); each
+    refused in one line when out of range or not read."""
+    extra = probe_extra(name, options, OPTION_KEYS, "the context holds its own worked examples")
     check_options(name, options, generates=True, extra=True,
                   chats="a session is one growing raw prompt, not an lm-eval prompt")
+    tools: Tools = "bfcl" if name == "agentic_bfcl" else "generated"
+    if tools == "bfcl" and (unread := [k for k in BFCL_UNREAD if k in extra]):
+        raise EvalError(f"{name}: option {unread[0]} is not read ({BFCL_UNREAD[unread[0]]}); leave it unset")
     paths = _names(extra, "paths", PATHS, PATHS)
     if len(set(paths)) != len(paths):
         raise EvalError(f"agentic: option paths lists a path twice: {list(paths)}")
-    context = int_option("agentic", extra, "context_tokens", DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS)
-    session = int_option("agentic", extra, "session_tokens", DEFAULT_SESSION_TOKENS, context + 1)
+    context = int_option("agentic", extra, "context_tokens",
+                         DEFAULT_BFCL_CONTEXT_TOKENS if tools == "bfcl" else DEFAULT_CONTEXT_TOKENS, MIN_CONTEXT_TOKENS)
+    session = int_option("agentic", extra, "session_tokens", max(DEFAULT_SESSION_TOKENS, context + 1), context + 1)
     functions = int_option("agentic", extra, "functions", DEFAULT_FUNCTIONS, len(READERS) + 1)
     if functions > len(CATALOGUE):
         raise EvalError(f"agentic: option functions must be at most {len(CATALOGUE)} (the catalogue), got {functions}")
@@ -378,4 +379,5 @@ def build(name: str, options: TaskOptions, template: object = None) -> AgenticTa
         seed=int_option("agentic", extra, "seed", DEFAULT_SEED, 0),
         shuffles=int_option("agentic", extra, "shuffles", 0, 0),
         shuffle_batch=int_option("agentic", extra, "shuffle_batch", DEFAULT_SHUFFLE_BATCH, 2),
-        settings=settings, reference_signal=options.reference_signal, think_tags=options.think_tags, name=name)
+        settings=settings, reference_signal=options.reference_signal, think_tags=options.think_tags, tools=tools,
+        name=name, version=f"1+bfcl-{BFCL_VERSION}-ast" if tools == "bfcl" else "1")

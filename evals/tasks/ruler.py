@@ -40,7 +40,7 @@ from typing import Any
 from evals import data
 from evals.engines.base import GenerateResult
 from evals.errors import EvalError
-from evals.tasks.agentic import haystack_lines
+from evals.tasks.agentic_text import haystack_lines
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     GenSettings,

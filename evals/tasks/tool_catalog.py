@@ -51,6 +51,7 @@ class ToolTurn:
     answers: tuple[PossibleAnswer, ...]
     result: str  # the tool's reply (one JSON line)
     reads: bool  # the result carries a passage (a read function)
+    source: str = ""  # where the turn comes from when not this catalogue (a BFCL entry id)
 
     @property
     def answer(self) -> str:

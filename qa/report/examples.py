@@ -11,7 +11,8 @@ from evals.records import SampleRecord, read_records
 from qa.files.comparison import Comparison, Estimate
 from qa.files.rundir import RunDir
 
-REDACTED_TASK_PREFIXES = ("gpqa",)  # gated dataset: items are shown by record id only, never text
+# items shown by record id only, never text: GPQA (a gated dataset), agentic_bfcl (BFCL's text stays out of reports)
+REDACTED_TASK_PREFIXES = ("gpqa", "agentic_bfcl")
 MAX_EXAMPLES = 5  # changed answers shown per task and direction
 Direction = Literal["regression", "improvement", "answer changed"]
 DIRECTIONS: tuple[Direction, ...] = ("regression", "improvement", "answer changed")
@@ -34,7 +35,7 @@ class Example:
 
 
 def redacted(task: str) -> bool:
-    """True for tasks whose items may only be named by record id (GPQA)."""
+    """True for tasks whose items may only be named by record id (GPQA, agentic_bfcl)."""
     return task.lower().startswith(REDACTED_TASK_PREFIXES)
 
 

@@ -12,7 +12,7 @@ from evals.errors import EvalError
 from evals.tasks import TASK_DATASETS, TASKS, get_task, task_datasets
 from evals.tasks.base import Task
 
-OURS = [n for n in TASKS if n not in ("wikitext_kl", "needle", "sessions", "agentic", "ruler")]  # own probes
+OURS = [n for n in TASKS if n not in ("wikitext_kl", "needle", "sessions", "agentic", "agentic_bfcl", "ruler")]
 
 
 @pytest.mark.parametrize("name", OURS)
