@@ -2,7 +2,7 @@
 prompt's KV is kept in the arm's cache format and reused by a later prompt that extends it.
 
 What is kept: after a prompt is prefilled (a generation's prompt; a teacher-forced pass's context and
-text), a copy of its cache cut to whole blocks: for an emulated cache the stored bytes (packed NVFP4
+text), a copy of its cache as it stood at the prompt's last whole block: for an emulated cache the stored bytes (packed NVFP4
 codes, block scales, the per-sequence decode scales, the FP8 recent window) exactly as the cache held
 them, for format "none" the values; a hit copies them back, nothing is re-quantized or recomputed.
 Entries are kept least-recently-used first out within `max_tokens` cached positions; an entry that a
@@ -34,8 +34,10 @@ cannot be bit-equal to cold. With fixed boundaries the positions after a hit run
 pass's shapes: with format "none" and replay off, warm == cold bit for bit (tested, not compared
 with a tolerance). The cost: dynamic KV scales come from the first chunk, and a recent window moves
 at every chunk boundary, in the cold path as in the warm one. Only a batch of one is served this way
-(each prompt is prefilled alone, as the continuous-batching decoder does anyway). An entry is the
-prompt's cache copied when the chunk ending at the last whole block is written.
+(each prompt is prefilled alone, as the continuous-batching decoder does anyway). An entry is copied
+when the chunk ending at the last whole block has been written, so a hit of a whole entry reads exactly what a cold prefill of those positions holds (the FP8 recent window included); a
+hit inside an entry crops it, and positions that had left the recent window by the entry's end stay
+in the main format.
 
 Counting (source "counted"): each lookup adds the prompt's tokens to `queried_tokens` and the
 positions not recomputed (P - W on a hit) to `hit_tokens`.
