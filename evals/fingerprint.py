@@ -12,7 +12,8 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from evals.tasks.base import TaskOptions
-from quant.fileio import scales_paths, sha256_file
+from quant.fileio import sha256_file
+from quant.folder_scales import scales_files
 
 SCALES_KEYS = ("scales", "scales_file")  # engine arguments naming a file whose bytes are part of the config
 
@@ -39,16 +40,16 @@ def digest(obj: JsonValue) -> str:
 
 
 def scales_file_hashes(args: JsonValue) -> dict[str, str]:
-    """sha256 of every file named by a scales argument (nested in `kv` too): new scales, new config."""
+    """sha256 of every file named by a scales argument (nested in `kv` too; a model folder's scale files):
+    new scales, new config."""
     found: dict[str, str] = {}
 
     def visit(prefix: str, obj: JsonValue) -> None:
         if isinstance(obj, dict):
             for k, v in obj.items():
                 if k in SCALES_KEYS and isinstance(v, str) and v:
-                    for p in scales_paths(Path(v)):
-                        if p.is_file():
-                            found[f"{prefix}{k}:{p.name}"] = sha256_file(p)
+                    for p in scales_files(Path(v)):  # a scales file pair, or a model folder's scale files
+                        found[f"{prefix}{k}:{p.name}"] = sha256_file(p)
                 else:
                     visit(f"{prefix}{k}.", v)
 

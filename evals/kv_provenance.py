@@ -5,6 +5,9 @@ each engine's provenance is found, evals.server_log reads it off a server's log.
 `scales_origin` says where the scales came from: calibrated (a scales file), checkpoint (the model
 folder's k/v_scale tensors), defaulted (1.0 because nothing provided them), dynamic (computed on
 write), constant (a spec's constant_scale), unquantized (a plain KV cache: no scales), unknown.
+`scales_convention` says what the numbers are (a quant.conventions name: nvfp4-decode amax/2688,
+nvfp4-global amax/6, fp8-decode amax/448, nvfp4-encode 2688/amax), where known: the convention a model
+folder declares (quant.folder_scales), or the one a scales file's decode scales are derived in.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from quant.conventions import CONVENTIONS, expected_convention, mismatch_factor
 
 ProvenanceSource = Literal["hf-emulator", "vllm-offline", "vllm-server", "llamacpp-server"]
 ScalesOrigin = Literal["calibrated", "checkpoint", "defaulted", "dynamic", "constant", "unquantized", "unknown"]
@@ -44,6 +49,7 @@ class KVProvenance(BaseModel):
     scales_expected: bool = False
     scales_sha256: str | None = None  # the calibrated scales file's bytes (calibrated origin)
     constant_scale: float | None = None  # the one decode scale of every layer (constant origin)
+    scales_convention: str | None = None  # what the scale numbers are (module docstring), None: not known
     layers: list[LayerScales] = Field(default_factory=list)
     log_lines: list[str] = Field(default_factory=list)  # a server log's lines about KV dtype and scales
 
@@ -57,6 +63,31 @@ class KVProvenance(BaseModel):
         values = [s for layer in self.layers for s in (*layer.k_scale, *layer.v_scale)]
         return bool(values) and all(v == 1.0 for v in values)
 
+    def nvfp4(self) -> bool:
+        """Whether the KV cache (its dtype or any layer's format) is NVFP4."""
+        return self.kv_dtype.startswith("nvfp4") or any(s.format.startswith("nvfp4") for s in self.layers)
+
+    def unit_scales(self) -> bool:
+        """Whether every scale it ran with is 1.0: all layers' k/v scales, or a constant 1.0."""
+        return self.all_scales_one() or self.constant_scale == 1.0
+
+    def convention_mismatch(self) -> str | None:
+        """Why the scales' convention is not the one the KV cache reads them in (one clause), None when it
+        is, or nothing says (no convention recorded, an unquantized cache)."""
+        if self.scales_convention is None or not self.quantized:
+            return None
+        written = CONVENTIONS.get(self.scales_convention)
+        if written is None:
+            return f"its K/V scales are in an unknown convention {self.scales_convention!r}"
+        formats = sorted({s.format for s in self.layers if s.format != "none"} or {self.kv_dtype})
+        for fmt in formats:
+            expected = expected_convention(fmt)
+            if expected is not None and (factor := mismatch_factor(written, expected)) != 1.0:
+                return (f"its {fmt} KV cache reads scales as {expected.name} ({expected.formula}) but they are "
+                        f"{written.name} ({written.formula}): decode scales {max(factor, 1 / factor):g}x too "
+                        f"{'large' if factor > 1 else 'small'}")
+        return None
+
     def summary(self) -> str:
         """One line: dtype, storage, origin, and the scale range over layers."""
         parts = [f"{self.source}: KV {self.kv_dtype}"]
@@ -69,6 +100,8 @@ class KVProvenance(BaseModel):
             origin += f" (sha256 {self.scales_sha256[:12]})"
         if self.constant_scale is not None:
             origin += f" {self.constant_scale:g}"
+        if self.scales_convention is not None:
+            origin += f", {self.scales_convention}"
         parts.append(f"scales {origin}")
         ks = [s for layer in self.layers for s in layer.k_scale]
         vs = [s for layer in self.layers for s in layer.v_scale]

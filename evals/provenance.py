@@ -5,12 +5,15 @@ for a checkpoint without a quantization config it logs nothing at all. So every 
 arm.json (`engine_info.kv`), what its engine says after load:
 
 - hf (the emulator): the spec's format per layer, the scales file's sha256 and the decode scale
-  each layer uses (computed from the file's calibrated amax for that layer's format);
+  each layer uses (computed from the file's calibrated amax for that layer's format); for scales read
+  from a model folder (`kv.scales = "DIR"`), the sha256 of its scale files and the convention it declares;
 - vllm offline: vLLM's resolved cache dtype, the dtype of the allocated KV tensors and every
   attention layer's k/v scale (evals.engines.vllm_introspect);
 - a vLLM or llama.cpp server `qa run` started: what its log says (evals.server_log).
 
-The record itself (KVProvenance, its `scales_origin`s) is evals.kv_provenance, re-exported here.
+The record itself (KVProvenance, its `scales_origin`s) is evals.kv_provenance, re-exported here. A vLLM
+engine's record gets the convention its model folder declares (quant.folder_scales), so a folder of NVFP4
+scales run with an fp8 cache shows as a mismatch.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from evals.kv_provenance import (  # noqa: F401 - the models, re-exported: calle
     ScalesOrigin,
 )
 from evals.server_log import server_provenance
+from quant.conventions import VLLM_FOLDER_FORMATS
+from quant.errors import QuantError
 from quant.fileio import sha256_file
+from quant.folder_scales import has_kv_scales, read_folder_scales
 from quant.kv_spec import KVQuantSpec
 
 
@@ -66,16 +72,34 @@ def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec) -> KVProvenance:
         k = decode(scales.k_amax[i].to(torch.float32)).reshape(-1).tolist()
         v = decode(scales.v_amax[i].to(torch.float32)).reshape(-1).tolist()
         layers.append(LayerScales(layer=i, format=fmt, k_scale=[float(x) for x in k], v_scale=[float(x) for x in v]))
+    if Path(named).is_dir():  # a model folder's scales: as it declares them, used as vLLM would
+        folder = read_folder_scales(Path(named))
+        sha, convention = folder.sha256(), folder.convention.name
+    else:  # a scales file: each layer's decode scale is derived from amax in that layer's own format
+        sha = sha256_file(scales_paths(Path(named))[0])
+        convention = VLLM_FOLDER_FORMATS[kv.format][0] if kv.format in VLLM_FOLDER_FORMATS else None
     return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="calibrated", scales_expected=True,
-                        scales_sha256=sha256_file(scales_paths(Path(named))[0]), layers=layers)
+                        scales_sha256=sha, scales_convention=convention, layers=layers)
+
+
+def folder_convention(model: object) -> str | None:
+    """The convention of the K/V scales a model folder declares (None: not a folder, no scales, unreadable)."""
+    if not isinstance(model, str | Path) or not Path(model).is_dir() or not has_kv_scales(Path(model)):
+        return None
+    try:
+        return read_folder_scales(Path(model)).convention.name
+    except QuantError:
+        return None
 
 
 def engine_provenance(engine: object, args: object, server_log: Path | None) -> KVProvenance | None:
-    """Provenance of a built engine: its own `kv_provenance` (vllm), the emulator's arguments (hf), or the
-    log of the server started for an openai arm; None when nothing can say (a remote server)."""
+    """Provenance of a built engine: its own `kv_provenance` (vllm; with the convention its model folder
+    declares), the emulator's arguments (hf), or the log of the server started for an openai arm; None
+    when nothing can say (a remote server)."""
     own = getattr(engine, "kv_provenance", None)
     if isinstance(own, KVProvenance):
-        return own
+        convention = folder_convention(getattr(getattr(engine, "info", None), "model", None))
+        return own if convention is None else own.model_copy(update={"scales_convention": convention})
     if isinstance(args, HFEngineArgs):
         return emulator_provenance(args)
     if server_log is not None and server_log.is_file():

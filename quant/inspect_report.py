@@ -4,6 +4,8 @@ read it without loading what computed it (quant.inspect.inspect_kv, which re-exp
 
 An exact reconstruction's SQNR is inf, written as the JSON constant Infinity. `load_inspect(path)`
 raises a one-line QuantError naming the path when the file is missing or not a valid report.
+`scales_check` (FolderScalesCheck, quant.scale_check) is there when the inspected scales came from a model
+folder: the fields found, the convention they declare and the one they fit against amax observed here.
 """
 
 from __future__ import annotations
@@ -46,6 +48,38 @@ class LayerReport(BaseModel):
     attn_rel_error: float
 
 
+class LayerScaleFit(BaseModel):
+    """One layer's stored K/V scales (max over heads) next to the amax observed here on the same prompts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    layer: int
+    k_stored: float
+    v_stored: float
+    k_amax: float  # absmax of K (after RoPE) over the inspected prompts
+    v_amax: float
+
+
+class FolderScalesCheck(BaseModel):
+    """Which convention a model folder's K/V scales are in (quant.conventions), checked against this model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    folder: str
+    fields: list[str]  # the K and V fields, layer index as {i}
+    declared: str  # the convention the folder declares (a quant.conventions name)
+    declared_by: str
+    vllm_loads: bool  # whether vLLM 0.32 would load these fields
+    vllm_note: str
+    inspected_format: str  # the KV format inspected
+    expected: str | None  # the convention that format reads its scales in
+    fit: str | None  # the convention the numbers fit (None: none within a factor sqrt(6))
+    fit_ratio: float  # median stored / (what `fit`, or the closest, would store for the amax observed here)
+    ratios: dict[str, float]  # that median for every candidate convention
+    layers: list[LayerScaleFit]
+    warnings: list[str]  # one line each
+
+
 class InspectReport(BaseModel):
     """kv-inspect result for one model, spec and set of prompts: the schema of kv_inspect.json."""
 
@@ -58,6 +92,7 @@ class InspectReport(BaseModel):
     n_prompts: int
     tokens_per_prompt: int
     layers: list[LayerReport]
+    scales_check: FolderScalesCheck | None = None  # scales read from a model folder: their convention
 
 
 def save_inspect(path: Path, report: InspectReport) -> Path:

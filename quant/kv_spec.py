@@ -5,12 +5,17 @@ The fault-injection fields (`scale_multiplier`, `v_scale_layout`, `corrupt_block
 a correct cache; `quant.faults` names presets built from them. `prefix_cache` (PrefixCacheSpec) is read
 by the hf engine only (evals.engines.hf.prefix_cache); the caches built here ignore it. Names are
 checked against quant.kv_catalog, so validating a spec loads no torch.
+
+`scales` is a mode or a model folder: `scales = "DIR"` reads the K/V scales DIR carries (quant.folder_scales:
+this toolkit's export, llm-compressor's, ModelOpt's), checked here once (a one-line error for a folder without
+scales or in an unknown convention), and stands for `scales = "static", scales_file = "DIR"`, the form the
+spec is dumped in (so re-reading a dumped spec never touches the folder).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -24,10 +29,12 @@ from pydantic import (
 )
 
 from quant.errors import QuantError
+from quant.folder_scales import read_folder_scales
 from quant.kv_catalog import FORMAT_NAMES, PROFILE_ONLY_FORMATS, get_profile, unknown_format
 from quant.validation import did_you_mean, first_error
 
 ScaleMode = Literal["dynamic", "static", "constant"]
+SCALE_MODES: tuple[str, ...] = get_args(ScaleMode)
 ScaleLayout = Literal["linear", "transposed", "reversed"]
 KVKind = Literal["k", "v"]  # which of a layer's two cached tensors
 
@@ -107,7 +114,8 @@ class KVQuantSpec(BaseModel):
     ] = ()  # kept unquantized (format "none"), like vLLM's kv_cache_dtype_skip_layers
     # dynamic: per-sequence amax of the first write of each layer (the prefill), reused for later tokens;
     # static: calibrated amax per layer (and head) from `scales_file` or a KVScales passed to make_cache;
-    # constant: `constant_scale` as the decode scale of every layer (vLLM's uncalibrated default 1.0)
+    # constant: `constant_scale` as the decode scale of every layer (vLLM's uncalibrated default 1.0);
+    # a model folder's path: static, the scales that folder carries (see the module docstring)
     scales: ScaleMode = "dynamic"
     scales_file: Path | None = None
     # `float | int`: a value written as 1 stays 1, so arm.json fingerprints what the spec wrote
@@ -126,6 +134,24 @@ class KVQuantSpec(BaseModel):
     profile: str | None = None
     # the hf engine's prefix cache (None: none); written to dumps only when set
     prefix_cache: PrefixCacheSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scales_folder(cls, data: Any) -> Any:
+        """`scales = "DIR"` -> static scales from the folder, checked here (module docstring)."""
+        if not isinstance(data, dict):
+            return data
+        given = data.get("scales")
+        if not isinstance(given, str | Path) or str(given) in SCALE_MODES:
+            return data
+        folder = Path(given)
+        if not folder.is_dir():
+            hint = did_you_mean(str(given), SCALE_MODES, listing="or one of")
+            raise ValueError(f"scales {str(given)!r}: not a model folder; {hint}")
+        if data.get("scales_file") is not None:
+            raise ValueError("scales = a folder names the scales itself; drop scales_file")
+        read_folder_scales(folder)  # QuantError (a ValueError): no scales, or in an unknown convention
+        return {**data, "scales": "static", "scales_file": folder}
 
     @field_validator("profile")
     @classmethod
@@ -209,6 +235,8 @@ def kv_spec_from_dict(data: dict[str, Any]) -> KVQuantSpec:
         where = err.where_or("kv cache spec")
         if err.type == "extra_forbidden":
             raise QuantError(f"kv cache spec: {unknown_key_message(where)}") from None
+        if not err.where:  # the spec's own consistency rules (model validators): the message says where
+            raise QuantError(f"kv cache spec: {err.msg}") from None
         raise QuantError(f"kv cache spec: {where}: {err.msg}") from None
 
 

@@ -5,11 +5,18 @@ the amax an observer chose) and `k_scale`, `v_scale` (the decode scales of `meta
 d = amax / (448 * 6) for NVFP4, amax / 448 for FP8 E4M3), each [L] (granularity "tensor") or [L, H]
 (granularity "head"). `<stem>.json` is the sidecar (ScalesMeta): observer, data, convention.
 Only safetensors is read (never a pickle); NaN, Inf, zero or negative values are rejected.
+
+`KVScales.load` also takes a model folder with K/V scales (quant.folder_scales: ours, llm-compressor's,
+ModelOpt's): `k_scale` is then the decode scale vLLM would apply (the stored number; 1 / gs for a
+compressed-tensors global scale) and `k_amax` the amax that gives exactly that decode scale in the folder's
+format (amax_for_decode), so the emulator stores K/V with the scales a server would load.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_bytes, scales_paths
+from quant.folder_scales import FolderScales, read_folder_scales
 from quant.formats import get_format
 from quant.validation import first_error
 
@@ -26,6 +34,8 @@ SCALES_SCHEMA_VERSION = 1
 TENSOR_NAMES: tuple[str, ...] = ("k_amax", "v_amax", "k_scale", "v_scale")
 Granularity = Literal["tensor", "head"]
 Observer = Literal["absmax", "percentile", "mse"]
+EXTERNAL = "external"  # ScalesMeta.observer of scales read from a checkpoint folder: another tool observed them
+ULP_SEARCH = 8  # float32 steps searched either side of d * D for an amax whose decode scale is d
 
 
 class CalibrationData(BaseModel):
@@ -47,7 +57,7 @@ class ScalesMeta(BaseModel):
     schema_version: int = SCALES_SCHEMA_VERSION
     format: str  # format whose decode convention k_scale / v_scale follow
     convention: str  # e.g. "decode: d = amax / (448 * 6)"
-    observer: Observer
+    observer: Observer | Literal["external"]
     percentile: float | None = None  # percentile observer only
     mse_clip_k: list[float] | None = None  # mse observer: chosen clip factor per layer (K)
     mse_clip_v: list[float] | None = None
@@ -128,7 +138,10 @@ class KVScales:
 
     @classmethod
     def load(cls, path: Path) -> KVScales:
-        """Read a scales file pair; QuantError when missing, malformed or holding invalid values."""
+        """Read a scales file pair, or a model folder's K/V scales (`from_folder`); QuantError when missing,
+        malformed, in an unknown convention or holding invalid values."""
+        if Path(path).is_dir():
+            return cls.from_folder(read_folder_scales(Path(path)))
         from safetensors import SafetensorError  # safetensors: only when scales are read
         from safetensors.torch import load  # safetensors: only when scales are read
 
@@ -149,3 +162,62 @@ class KVScales:
         if missing:
             raise QuantError(f"{tensors_path}: missing tensors {missing}")
         return cls(**{n: tensors[n] for n in TENSOR_NAMES}, meta=meta)
+
+    @classmethod
+    def from_folder(cls, fs: FolderScales) -> KVScales:
+        """The scales a model folder carries, as the decode scales vLLM would apply, in the format its
+        convention is meant for (module docstring)."""
+        fmt = get_format(fs.convention.kv_format)
+        heads = {len(x) for x in (*fs.k, *fs.v)}
+        per_head = len(heads) == 1 and heads != {1}
+        tensors = {}
+        for kind, stored in (("k", fs.k), ("v", fs.v)):
+            rows = [list(x) if per_head else [max(x)] for x in stored]
+            d = torch.tensor(rows, dtype=torch.float64)
+            d = (1.0 / d if fs.convention.reciprocal else d).to(torch.float32)  # [L, H] or [L, 1]
+            amax = amax_for_decode(d, fmt.decode_scale_from_amax)
+            amax = amax if per_head else amax[:, 0]  # [L, H] or [L]
+            tensors[f"{kind}_amax"] = amax.contiguous()
+            tensors[f"{kind}_scale"] = fmt.decode_scale_from_amax(amax).contiguous()
+        granularity: Granularity = "head" if per_head else "tensor"
+        meta = _recorded_meta(fs, fmt.name, granularity) or ScalesMeta(
+            format=fmt.name, convention=f"{fs.convention.name}: {fs.convention.formula} ({fs.declared_by})",
+            observer=EXTERNAL, granularity=granularity, num_layers=fs.num_layers,
+            num_kv_heads=heads.pop() if per_head else 1, model=str(fs.folder),
+            data=CalibrationData(name=f"{fs.folder.name} (checkpoint)", sha256=fs.values_sha256(), n_samples=0, seq_len=0),
+            seed=0)
+        return cls(**tensors, meta=meta)
+
+
+def _recorded_meta(fs: FolderScales, fmt: str, granularity: Granularity) -> ScalesMeta | None:
+    """The calibration record the folder's convention file keeps (quant.export), restated for what the
+    folder holds (its format and granularity); None when there is none or it does not fit."""
+    if fs.calibration is None:
+        return None
+    try:
+        meta = ScalesMeta.model_validate(fs.calibration)
+    except ValidationError:
+        return None
+    if meta.num_layers != fs.num_layers or granularity != "tensor":
+        return None
+    return meta.model_copy(update={"format": fmt, "granularity": granularity})
+
+
+def amax_for_decode(d: torch.Tensor, decode: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """float32 amax whose decode scale `decode(amax)` is `d` exactly where any float32 amax gives it (every
+    d computed as amax / D does), else the nearest: searched ULP_SEARCH float32 steps around d * D."""
+    d = d.to(torch.float32)
+    per_amax = float(1.0 / decode(torch.tensor(1.0)))  # D of d = amax / D
+    best = d * per_amax
+    err = (decode(best) - d).abs()
+    up, down = best.clone(), best.clone()
+    for _ in range(ULP_SEARCH):
+        if not bool((err > 0).any()):
+            break
+        up = torch.nextafter(up, torch.full_like(up, math.inf))
+        down = torch.nextafter(down, torch.zeros_like(down))
+        for cand in (up, down):
+            cerr = (decode(cand) - d).abs()
+            better = cerr < err
+            best, err = torch.where(better, cand, best), torch.where(better, cerr, err)
+    return best

@@ -18,6 +18,7 @@ from rich.table import Table
 from evals.models import DEFAULT_MODEL
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
+from quant.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS
 from quant.errors import QuantError
 from quant.kv_catalog import EXPORT_TARGETS
 from quant.validation import first_error
@@ -51,7 +52,8 @@ def calibrate_command(
     model_out: Annotated[
         Path | None,
         typer.Option("--model-out", help="With --export vllm: write a model folder vLLM loads with these "
-                     "scales (fp8_e4m3 scales; weights hard-linked)."),
+                     "scales (fp8_e4m3 or nvfp4; weights and tokenizer hard-linked, the scales' convention in "
+                     "kv_scales_convention.json; run NVFP4 with --kv-cache-dtype nvfp4)."),
     ] = None,
     data_dir: DataDirOpt = None,
     device: DeviceOpt = "cpu",
@@ -65,9 +67,9 @@ def calibrate_command(
         raise QuantError(f"--export {export!r}: choose one of {', '.join(EXPORT_TARGETS)}")
     if model_out is not None and export != "vllm":
         raise QuantError("--model-out writes a vLLM model folder: add --export vllm")
-    if model_out is not None and fmt != "fp8_e4m3":
-        raise QuantError(f"--model-out: vLLM's fp8 KV cache takes fp8_e4m3 scales, not {fmt!r}; "
-                         "add --format fp8_e4m3")
+    if model_out is not None and fmt not in VLLM_FOLDER_FORMATS:
+        raise QuantError(f"--model-out: a vLLM model folder takes {', '.join(VLLM_FOLDER_FORMATS)} scales, not "
+                         f"{fmt!r}; add --format fp8_e4m3 or --format nvfp4")
     from qa.pipeline.calibration import (  # torch: calibration runs the model
         calibrate_model,
         export_vllm_model,
@@ -100,6 +102,10 @@ def calibrate_command(
     Console(width=120).print(table)
     for p in paths:
         typer.echo(f"wrote {p}")
+    if model_out is not None:
+        conv, kv_dtype = VLLM_FOLDER_FORMATS[fmt]
+        typer.echo(f"{model_out}: k/v_scale in convention {conv} ({CONVENTIONS[conv].formula}); "
+                   f"serve it with --kv-cache-dtype {kv_dtype}")
 
 
 def _num(t: torch.Tensor) -> str:

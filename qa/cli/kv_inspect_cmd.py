@@ -1,5 +1,10 @@
 """`qa kv-inspect`: per-layer K/V distortion of the emulated KV cache (a thin shell over
-`quant.inspect.inspect_kv`). Torch is imported when the command runs, never when the CLI starts."""
+`quant.inspect.inspect_kv`). Torch is imported when the command runs, never when the CLI starts.
+
+A model folder that carries K/V scales (`--model DIR`, ours, llm-compressor's, ModelOpt's; or `--scales DIR`)
+is inspected with those scales, and its convention is checked (`quant.scale_check`): the fields found, the
+convention declared and the one the numbers fit against amax observed here on the same prompts; each
+warning is one line on stderr."""
 
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, 
 from qa.report.plots import write_kv_plot
 from quant.errors import QuantError
 from quant.fault_presets import FAULT_PRESETS, fault_spec
-from quant.inspect_report import InspectReport
+from quant.folder_scales import has_kv_scales, read_folder_scales
+from quant.inspect_report import FolderScalesCheck, InspectReport
 from quant.kv_spec import kv_spec_from_dict
 
 
@@ -25,7 +31,8 @@ def kv_inspect_command(
     model: ModelOpt = DEFAULT_MODEL,
     fmt: FormatOpt = "nvfp4",
     scales: Annotated[
-        Path | None, typer.Option("--scales", help="Static scales file from `qa calibrate`.")
+        Path | None, typer.Option("--scales", help="Static scales file from `qa calibrate`, or a model folder "
+                                  "with K/V scales (default: --model's, when it has some).")
     ] = None,
     constant_scale: Annotated[
         float | None, typer.Option("--constant-scale", help="One decode scale for all layers (e.g. 1.0).")
@@ -55,7 +62,12 @@ def kv_inspect_command(
     fields: dict[str, Any] = {"format": fmt, "recent_window": recent_window, "recent_format": recent_format}
     if scales is not None and constant_scale is not None:
         raise QuantError("give --scales or --constant-scale, not both")
-    if scales is not None:
+    folder = scales if scales is not None and scales.is_dir() else None
+    if scales is None and constant_scale is None and Path(model).is_dir() and has_kv_scales(Path(model)):
+        folder = Path(model)  # a checkpoint with K/V scales: inspect (and check) the scales it carries
+    if folder is not None:
+        fields.update(scales=str(folder))  # the folder form of the spec: read and checked there
+    elif scales is not None:
         fields.update(scales="static", scales_file=scales)
     elif constant_scale is not None:
         fields.update(scales="constant", constant_scale=constant_scale)
@@ -71,14 +83,42 @@ def kv_inspect_command(
     hf_model, tokenizer = load_model(resolved, dtype=dtype, device=device)
     _, prompts = load_prompts(tokenizer, data, data_dir, n_prompts, seq_len, seed)
     report = inspect_kv(hf_model, prompts, spec, loaded, model_name=model)
+    if folder is not None:
+        from quant.scale_check import check_folder_scales  # torch: the check observes the model
+
+        check = check_folder_scales(hf_model, prompts, read_folder_scales(folder), spec.format)
+        report = report.model_copy(update={"scales_check": check})
     if plot is not None:
         write_kv_plot(report, plot)
     if as_json:
         typer.echo(report.model_dump_json(indent=2))
     else:
         Console(width=120).print(_inspect_table(report))
+        if report.scales_check is not None:
+            Console(width=120).print(_scales_table(report.scales_check))
+            typer.echo(_scales_summary(report.scales_check))
     if plot is not None and not as_json:
         typer.echo(f"wrote {plot}")
+    for line in report.scales_check.warnings if report.scales_check is not None else []:
+        typer.echo(line, err=True)
+
+
+def _scales_summary(check: FolderScalesCheck) -> str:
+    """One line: the fields, the convention declared and the one the numbers fit, what vLLM does."""
+    fit = (f"fit {check.fit} (median ratio {check.fit_ratio:.4g})" if check.fit
+           else f"fit none (closest off by {check.fit_ratio:.3g}x)")
+    expected = f"; {check.inspected_format} expects {check.expected}" if check.expected else ""
+    return (f"scales of {check.folder}: {' / '.join(check.fields)}; declared {check.declared} ({check.declared_by}); "
+            f"{fit}{expected}; vLLM 0.32 loads them: {'yes' if check.vllm_loads else 'no'}")
+
+
+def _scales_table(check: FolderScalesCheck) -> Table:
+    table = Table(title="stored K/V scales (max over heads) and the amax observed here")
+    for col in ("layer", "K stored", "K amax here", "V stored", "V amax here"):
+        table.add_column(col, justify="right")
+    for r in check.layers:
+        table.add_row(str(r.layer), f"{r.k_stored:.5g}", f"{r.k_amax:.5g}", f"{r.v_stored:.5g}", f"{r.v_amax:.5g}")
+    return table
 
 
 def _inspect_table(report: InspectReport) -> Table:

@@ -4,9 +4,13 @@ An arm is *meant* to use measured scales when its provenance says so (`scales_ex
 cache with static scales, a vLLM model folder whose config declares a kv_cache_scheme, a vLLM server
 with a quantization config). When such a candidate ran with scales that defaulted to 1.0 (or the
 engine could not say where they came from), the policy's `require_scales` decides: true -> the
-verdict fails; false (the default) -> a warning in the verdict's summary. A quantized candidate
-nobody promised scales for that ran at 1.0 gets a note only. The provenance is read from the arm's
-records/<arm>/arm.json (`engine_info.kv`); arms without one (lm-eval imports) are not judged.
+verdict fails; false (the default) -> a warning in the verdict's summary. The same holds for a
+candidate whose KV cache is NVFP4 and ran with every K/V scale 1.0, asked for or not (vLLM's default is
+unusable for NVFP4), and for one whose scales are in another convention than its cache reads them in
+(`mismatch`: e.g. NVFP4 decode scales amax/2688 run by an fp8 cache, or a global scale amax/6 read as
+vLLM's NVFP4 decode multiplier). A quantized candidate nobody promised scales for that ran at 1.0 gets a
+note only. The provenance is read from the arm's records/<arm>/arm.json (`engine_info.kv`); arms
+without one (lm-eval imports) are not judged.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from evals.provenance import STATIC_ORIGINS, KVProvenance
 from qa.files.policy import Policy
 from qa.files.verdict import Verdict
 
-Finding = Literal["ok", "missing", "defaulted_unasked", "not_judged"]
+Finding = Literal["ok", "missing", "mismatch", "defaulted_unasked", "not_judged"]
+FAILING: frozenset[str] = frozenset({"missing", "mismatch"})  # findings `require_scales` fails
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,13 @@ def check_scales(arm: str, kv: KVProvenance | None) -> ScalesCheck:
     if kv.scales_expected and kv.scales_origin not in STATIC_ORIGINS:
         return ScalesCheck("missing", f"candidate {arm!r} was meant to run with calibrated K/V scales but ran with "
                                       f"scales {kv.scales_origin} ({kv.summary()})")
+    if kv.quantized and kv.nvfp4() and kv.unit_scales():
+        return ScalesCheck("missing", f"candidate {arm!r} asked for an NVFP4 KV cache but ran with every K/V scale "
+                                      f"1.0 (uncalibrated; {kv.summary()})")
+    mismatch = kv.convention_mismatch()
+    if mismatch is not None:
+        return ScalesCheck("mismatch", f"candidate {arm!r} ran with K/V scales in a mismatched convention: "
+                                       f"{mismatch} ({kv.summary()})")
     if kv.quantized and kv.scales_origin == "defaulted":
         return ScalesCheck("defaulted_unasked", f"candidate {arm!r} ran its {kv.kv_dtype} KV cache with K/V scales "
                                                 "defaulted to 1.0 (no calibrated scales were asked for)")
@@ -60,9 +72,9 @@ def check_scales(arm: str, kv: KVProvenance | None) -> ScalesCheck:
 
 def apply_scales_rule(verdict: Verdict, check: ScalesCheck, policy: Policy) -> Verdict:
     """The verdict with the rule applied: a failure under `require_scales`, else a warning in the summary."""
-    if check.finding == "missing" and policy.require_scales:
+    if check.finding in FAILING and policy.require_scales:
         return verdict.model_copy(update={"status": "fail",
                                           "summary": f"FAIL: {check.message} (require_scales); {verdict.summary}"})
-    if check.finding in ("missing", "defaulted_unasked"):
+    if check.finding in (*FAILING, "defaulted_unasked"):
         return verdict.model_copy(update={"summary": f"{verdict.summary}; warning: {check.message}"})
     return verdict

@@ -127,7 +127,8 @@ def engine_args(spec: RunSpec, name: str, rd: RunDir) -> EngineArgs:
     if spec.trust_remote_code and arm.engine in ("hf", "vllm"):
         given.setdefault("trust_remote_code", True)  # off unless the spec says so
     kv = arm.engine_args.kv if isinstance(arm.engine_args, HFEngineArgs) else None
-    if kv is not None and kv.scales == "static" and "scales" not in given and spec.calibration is not None:
+    if (kv is not None and kv.scales == "static" and kv.scales_file is None and "scales" not in given
+            and spec.calibration is not None):  # a spec naming its own scales file or folder keeps it
         given["scales"] = str(rd.scales)
     return parse_engine_args(arm.engine, given)
 

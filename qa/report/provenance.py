@@ -9,7 +9,7 @@ from html import escape
 from evals.errors import RecordError
 from evals.provenance import KVProvenance
 from qa.files.rundir import RunDir
-from qa.gate.provenance import check_scales, load_kv_provenance
+from qa.gate.provenance import FAILING, check_scales, load_kv_provenance
 from qa.report.gather import ReportInputs
 from qa.textfmt import md_cell
 
@@ -60,7 +60,7 @@ def finding(inp: ReportInputs, provs: dict[str, KVProvenance]) -> str | None:
     if kv is None:
         return None
     check = check_scales(inp.comparison.candidate, kv)
-    if check.finding == "missing":
+    if check.finding in FAILING:
         how = "fails the gate" if inp.verdict.policy.require_scales else "a warning (require_scales = false)"
         return f"{check.message}: {how}"
     return check.message

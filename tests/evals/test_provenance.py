@@ -15,13 +15,17 @@ from evals.engines.openai_api.args import parse_openai_args
 from evals.engines.vllm_introspect import provenance_from_worker, scales_origin
 from evals.provenance import KVProvenance, emulator_provenance, engine_provenance
 from evals.server_log import server_log_path
+from qa.gate.provenance import check_scales
 from qa.pipeline.calibration import calibrate_model
 from quant.calibrate import CalibrationSpec
+from quant.export import export_model_folder
 from quant.fileio import sha256_file
+from quant.folder_scales import read_folder_scales
 from quant.scales import CalibrationData, KVScales, ScalesMeta
 from tests.evals.hf_fixtures import save_tiny
 from tests.evals.test_runner import EchoTask
 from tests.evals.test_server_log import CONFIG_LINE
+from tests.quant.ckpt_folders import k_scale_folder
 from tests.tiny_models import CORPUS
 
 
@@ -116,3 +120,39 @@ def test_run_arm_records_the_emulators_provenance_in_arm_json(tmp_path: Path) ->
         assert layer["format"] == "nvfp4"
         assert layer["k_scale"] == pytest.approx([float(k) / 2688], rel=1e-6)
         assert layer["v_scale"] == pytest.approx([float(v) / 2688], rel=1e-6)
+
+
+def test_scales_from_a_folder_are_recorded_with_their_convention_and_a_mismatch_is_found(tmp_path: Path) -> None:
+    """kv = { format, scales = "DIR" }: arm.json names the folder's scales by their files' sha256 and the
+    convention it declares; an NVFP4 cache fed FP8 scales, or a vLLM fp8 cache fed our NVFP4 folder, shows
+    as a mismatch (qa.gate.provenance fails it under require_scales)."""
+    model_dir = save_tiny(tmp_path / "tiny")
+    text = tmp_path / "calib.txt"
+    text.write_text(CORPUS * 10, encoding="utf-8")
+    scales = calibrate_model(str(model_dir), str(text), CalibrationSpec(format="nvfp4", n_samples=2, seq_len=32))
+    ours = tmp_path / "ours"
+    export_model_folder(scales, model_dir, ours)
+    config = parse_arm({"name": "cand", "model": str(model_dir), "limit": 2,
+                        "engine_args": {"batch_size": 2, "kv": {"format": "nvfp4", "scales": str(ours)}}})
+    run_arm(config, [EchoTask(n_items=2)], tmp_path / "run", progress=False)
+    manifest = json.loads((tmp_path / "run" / "records" / "cand" / ARM_FILE).read_text())
+    kv = KVProvenance.model_validate(manifest["engine_info"]["kv"])
+    assert (kv.scales_origin, kv.scales_convention) == ("calibrated", "nvfp4-decode")
+    assert kv.scales_sha256 == read_folder_scales(ours).sha256()
+    assert any(key.endswith(":kv_scales.safetensors") for key in manifest["config"]["engine_files"])
+    for layer, k in zip(kv.layers, scales.k_scale, strict=True):  # the calibrated float32, to the bit
+        assert layer.k_scale == [float(k)]
+    assert check_scales("cand", kv).finding == "ok"
+
+    fp8 = k_scale_folder(tmp_path / "fp8", [0.02, 0.03], [0.01, 0.04], num_bits=8)
+    crossed = emulator_provenance(parse_args({"kv": {"format": "nvfp4", "scales": str(fp8)}}))
+    assert crossed.scales_convention == "fp8-decode" and check_scales("c", crossed).finding == "mismatch"
+
+    class Engine:  # a vLLM engine on our NVFP4 folder, run with kv_cache_dtype fp8
+        kv_provenance = KVProvenance(source="vllm-offline", kv_dtype="fp8", scales_origin="checkpoint",
+                                     scales_expected=True)
+        info = type("Info", (), {"model": str(ours)})()
+
+    annotated = engine_provenance(Engine(), None, None)
+    assert annotated is not None and annotated.scales_convention == "nvfp4-decode"
+    assert check_scales("c", annotated).finding == "mismatch"

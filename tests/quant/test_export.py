@@ -17,11 +17,13 @@ from quant.export import (
     export_scales,
     kv_cache_scheme,
 )
+from quant.fileio import sha256_file
+from quant.folder_scales import CONVENTION_FILE
 from quant.scales import CalibrationData, KVScales, ScalesMeta
 
 
 def _scales(fmt: str = "nvfp4", granularity: str = "tensor") -> KVScales:
-    div = {"nvfp4": 2688.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0}[fmt]
+    div = {"nvfp4": 2688.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 1.0}[fmt]
     k = torch.tensor([[1.0, 3.0], [2.0, 0.5], [8.0, 4.0]])  # [L=3, H=2]
     v = torch.tensor([[0.25, 0.5], [6.0, 1.0], [2.0, 2.0]])
     if granularity == "tensor":
@@ -123,7 +125,7 @@ def test_model_folder_has_config_scheme_weights_and_scales(tmp_path):
     written = export_model_folder(scales, src, tmp_path / "out")
     out = tmp_path / "out"
     assert sorted(p.name for p in written) == sorted(
-        ["config.json", "model.safetensors", "tokenizer.json", INDEX_FILE, SCALES_FILE])
+        ["config.json", "model.safetensors", "tokenizer.json", INDEX_FILE, SCALES_FILE, CONVENTION_FILE])
     assert not (out / "SOURCE_SHA256").exists()  # the export is another model than the stamped source
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 3 and config["model_type"] == "llama"
@@ -138,12 +140,47 @@ def test_model_folder_has_config_scheme_weights_and_scales(tmp_path):
     with safe_open(str(out / SCALES_FILE), "pt") as f:  # head scales: one per layer, the max over heads
         assert float(f.get_tensor("model.layers.0.self_attn.k_scale")) == pytest.approx(3.0 / 448, rel=1e-7)
         assert float(f.get_tensor("model.layers.1.self_attn.v_scale")) == pytest.approx(6.0 / 448, rel=1e-7)
+    record = json.loads((out / CONVENTION_FILE).read_text())
+    assert (record["convention"], record["formula"], record["vllm"]["kv_cache_dtype"]) == (
+        "fp8-decode", "amax / 448", "fp8")
+    assert record["scales_sha256"] == sha256_file(out / SCALES_FILE)
+    assert "compressed_tensors_kv_cache_scheme" not in record  # FP8's scheme is config.json's own
+
+
+def test_nvfp4_model_folder_carries_decode_scales_through_the_8_bit_scheme(tmp_path):
+    """vLLM 0.32 loads k/v scales only through an 8-bit kv_cache_scheme; the numbers are NVFP4's decode
+    multiplier amax / 2688, and the folder says so and how to run it."""
+    src = _model_folder(tmp_path / "m")
+    out = tmp_path / "out"
+    export_model_folder(_scales("nvfp4"), src, out)
+    assert (out / "tokenizer.json").samefile(src / "tokenizer.json")  # hard-linked, same file system
+    assert (out / "model.safetensors").samefile(src / "model.safetensors")
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["kv_cache_scheme"] == {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                                     "symmetric": True}
+    with safe_open(str(out / SCALES_FILE), "pt") as f:
+        for i, (k, v) in enumerate(zip([3.0, 2.0, 8.0], [0.5, 6.0, 2.0], strict=True)):
+            assert float(f.get_tensor(f"model.layers.{i}.self_attn.k_scale")) == pytest.approx(k / 2688, rel=1e-7)
+            assert float(f.get_tensor(f"model.layers.{i}.self_attn.v_scale")) == pytest.approx(v / 2688, rel=1e-7)
+    record = json.loads((out / CONVENTION_FILE).read_text())
+    assert (record["convention"], record["formula"], record["format"]) == ("nvfp4-decode", "amax / 2688", "nvfp4")
+    assert record["vllm"]["kv_cache_dtype"] == "nvfp4" and "6x too small" in record["vllm"]["note"]
+    assert record["fields"] == {"k": "model.layers.{i}.self_attn.k_scale", "v": "model.layers.{i}.self_attn.v_scale"}
+    assert record["compressed_tensors_kv_cache_scheme"]["strategy"] == "tensor_group"  # llm-compressor's NVFP4 KV
+    assert record["calibration"] == _scales("nvfp4").meta.model_dump()
+    ct = pytest.importorskip("compressed_tensors.quantization")
+    args = ct.QuantizationArgs(**record["compressed_tensors_kv_cache_scheme"])
+    assert (args.num_bits, args.type, args.group_size) == (4, "float", 16)
 
 
 def test_model_folder_refusals(tmp_path):
     src = _model_folder(tmp_path / "m")
-    with pytest.raises(QuantError, match="FP8 E4M3"):
+    with pytest.raises(QuantError, match="takes fp8_e4m3, nvfp4, nvfp4_4over6 KV scales, not 'int8'"):
+        export_model_folder(_scales("int8"), src, tmp_path / "a")
+    (src / "tokenizer.json").rename(src / "vocab.txt")
+    with pytest.raises(QuantError, match="no tokenizer"):
         export_model_folder(_scales("nvfp4"), src, tmp_path / "a")
+    (src / "vocab.txt").rename(src / "tokenizer.json")
     with pytest.raises(QuantError, match="new folder"):
         export_model_folder(_scales("fp8_e4m3"), src, src)
     with pytest.raises(QuantError, match="3 layers, the model has 5"):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file  # a scales folder written without torch
 
 from quant.errors import QuantError
 from quant.kv_spec import kv_spec_from_dict
@@ -54,3 +57,35 @@ def test_a_spec_validates_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["kv cache spec: format: unknown KV format 'nvfp5'; did you mean 'nvfp4'?", "[]"]
+
+
+def test_scales_may_name_a_model_folder_checked_once_without_torch(tmp_path):
+    """`scales = "DIR"`: the folder's K/V scales, checked where the spec is read (torch-free: safetensors
+    headers), dumped as static + scales_file so a dumped spec never reads the folder again."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "quantization_config": {
+        "quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8, "type": "float"}}}))
+    save_file({f"model.layers.{i}.self_attn.{kind}_scale": np.array([0.01], dtype=np.float32)
+               for i in range(2) for kind in "kv"}, str(folder / "model.safetensors"))
+    code = (
+        "import sys\n"
+        "from quant.kv_spec import kv_spec_from_dict\n"
+        f"spec = kv_spec_from_dict({{'format': 'fp8_e4m3', 'scales': {str(folder)!r}}})\n"
+        "print(spec.scales, spec.scales_file.name, spec.model_dump()['scales'])\n"
+        "print(sorted({'torch', 'transformers'} & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["static ckpt static", "[]"]
+    again = kv_spec_from_dict(kv_spec_from_dict({"scales": str(folder)}).model_dump())
+    assert (again.scales, again.scales_file) == ("static", folder)
+    with pytest.raises(QuantError, match=r"^kv cache spec: scales 'statc': not a model folder; did you mean 'static'"):
+        kv_spec_from_dict({"scales": "statc"})
+    with pytest.raises(QuantError, match="no K/V scales") as err:
+        kv_spec_from_dict({"scales": str(tmp_path)})  # a folder without scales
+    assert "\n" not in str(err.value)
+    with pytest.raises(QuantError, match="drop scales_file"):
+        kv_spec_from_dict({"scales": str(folder), "scales_file": "x"})
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    with pytest.raises(QuantError, match="unknown convention"):
+        kv_spec_from_dict({"scales": str(folder)})

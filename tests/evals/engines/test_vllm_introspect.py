@@ -5,8 +5,6 @@ the server-log messages evals.server_log looks for exist verbatim in vLLM's sour
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from evals.engines.vllm_introspect import E4M3_PROBE, E5M2_PROBE, cpu_fp8_encodi
 from evals.engines.vllm_offline import VllmEngine
 from evals.models import resolve_model
 from quant.scales import KVScales
-from tests.tiny_models import CORPUS
+from tests.evals.engines.vllm_export import calibrate_export
 
 pytestmark = pytest.mark.vllm
 
@@ -31,30 +29,10 @@ ARGS = {"dtype": "bfloat16", "kv_cache_dtype": "fp8", "max_model_len": 256, "enf
         "max_num_seqs": 4}
 
 
-# where `qa calibrate` runs: $QA_MAIN_PYTHON (scripts/gpu_check.sh sets it), else the main venv
-MAIN_PYTHON = Path(os.environ.get("QA_MAIN_PYTHON") or Path(__file__).resolve().parents[3] / ".venv" / "bin" / "python")
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[KVScales, Path]:
-    """`qa calibrate --export vllm --model-out` run for real in the main venv (vLLM's venv pins an older
-    transformers the calibration hooks do not support): the scales file and the model folder."""
-    try:
-        resolve_model("smollm2-135m")
-    except Exception as exc:  # noqa: BLE001 - no model here means nothing to test against
-        pytest.skip(f"smollm2-135m is not available: {exc}")
-    if not MAIN_PYTHON.is_file():
-        pytest.skip(f"{MAIN_PYTHON} (the main venv, scripts/setup.sh) is missing")
-    root = tmp_path_factory.mktemp("export")
-    text = root / "calib.txt"
-    text.write_text(CORPUS * 20, encoding="utf-8")
-    cmd = [str(MAIN_PYTHON), "-m", "qa.cli.main", "calibrate", "--model", "smollm2-135m", "--data", str(text),
-           "--format", "fp8_e4m3", "--observer", "absmax", "--n-samples", "2", "--seq-len", "64",
-           "--out", str(root / "scales"), "--export", "vllm", "--model-out", str(root / "model")]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return KVScales.load(root / "scales"), root / "model"
+    """`qa calibrate --export vllm --model-out` run for real in the main venv: the scales file and the folder."""
+    return calibrate_export(tmp_path_factory.mktemp("export"), "fp8_e4m3")
 
 
 @pytest.fixture(scope="module")

