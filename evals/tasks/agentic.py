@@ -275,6 +275,16 @@ class AgenticTask:
             out.append(self._session(n, mine, train, lines, entry))
         return out
 
+    def plan_note(self) -> str:
+        """What the task runs, one line (the power plan shows it)."""
+        counts = ", ".join(f"{self.kinds().count(k)} {k}" for k in KINDS if k in self.cycle)
+        size = (f"to ~{self.session_tokens} tokens" if self.tools == "generated"
+                else f"BFCL multi-turn entries, context ~{self.context_tokens} tokens")
+        paths = ", ".join(self.path_names())
+        primary = "cold" if "cold" in self.paths else "warm"
+        return (f"{self.sessions} sessions x {self.turns} turns ({counts}), {size}, served {paths}; the estimate "
+                f"pairs the {primary} path, {self.sessions} clusters (sessions): CR1 with {self.sessions - 1} df")
+
     def path_names(self) -> list[str]:
         """This task's cache paths, in item order."""
         return [p for p in path_names(self.shuffles) if p in self.paths or p.startswith("shuffled")]

@@ -219,6 +219,12 @@ class RulerTask:
                         "subtask": subtask, "length": length, "prompt": prompt, "outputs": answers}))
         return items
 
+    def plan_note(self) -> str:
+        """What the task runs, one line (the power plan shows it)."""
+        per_length = len(self.subtasks) * self.per_cell
+        return (f"{', '.join(self.subtasks)} x lengths {', '.join(map(str, self.lengths))} x {self.per_cell}: "
+                f"{per_length} items per length, whose effects are reported beside the verdict, not gated")
+
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """RULER's prompt with its answer prefix; generate the subtask's budget."""
         return generate_request(item.doc["prompt"], self._settings(item.doc["subtask"]), seed)

@@ -227,6 +227,11 @@ class SessionsTask:
         """The larger generation budget of the two kinds of turn (what the session runner sizes the window with)."""
         return max(self.gsm8k_settings.max_tokens, self.lookup_settings.max_tokens)
 
+    def plan_note(self) -> str:
+        """What the probe runs, one line (the power plan shows it)."""
+        return (f"{self.sessions} sessions x {self.turns} {self.asks} turns over ~{self.context_tokens} tokens, served "
+                f"{', '.join(self.path_names())}; the estimate pairs the cold path, {self.sessions} clusters")
+
     def path_names(self) -> list[str]:
         """This probe's cache paths, in item order."""
         return path_names(self.shuffles)

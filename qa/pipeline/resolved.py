@@ -21,7 +21,7 @@ from evals.engines.base import GenerateRequest
 from evals.models import ResolvedModel
 from evals.sampling import select_items
 from evals.servers import LlamaCppServerSpec, VllmServerSpec
-from evals.tasks.base import Item, Request, Task, TaskOptions
+from evals.tasks.base import Item, Request, ServedInSessions, Task, TaskOptions
 from qa.errors import QAError
 from qa.files.policy import Policy, TaskPolicy
 from qa.files.resolved import ArmRecord, ResolvedRecord, TaskRecord
@@ -109,6 +109,22 @@ class ResolvedTask:
     def samples(self) -> int:
         """Items x repeats."""
         return self.n_items * self.repeats
+
+    @property
+    def gated_items(self) -> int:
+        """Items the gated estimate pairs (the power plan's n): a session task's turns on one cache path, cold
+        if served (qa.compare.cache_path.standard_records: its other paths serve them again), else every item."""
+        if not isinstance(self.task, ServedInSessions):
+            return self.n_items
+        names = self.task.path_names()
+        primary = "cold" if "cold" in names else names[0]
+        return sum(1 for it in self.selection if it.doc.get("path") == primary)
+
+    @property
+    def plan_note(self) -> str:
+        """What the task runs (sessions, turns, lengths, ...) in one line, where the task says, else ""."""
+        note = getattr(self.task, "plan_note", None)
+        return note() if callable(note) else ""
 
     @property
     def sampled(self) -> bool:

@@ -275,7 +275,8 @@ def choose_prior(count: CountedTask, tp: TaskPolicy, model: str, explicit: dict[
 
 def plan_task(count: CountedTask, tp: TaskPolicy, prior: Prior, model: str) -> TaskPlan:
     """One task's plan under its resolved policy and prior."""
-    base = TaskPlan(task=count.name, items_available=count.items_available, items=count.n_items,
+    n = getattr(count, "gated_items", count.n_items)  # a session task's estimate pairs one path of its items
+    base = TaskPlan(task=count.name, items_available=count.items_available, items=n,
                     repeats=count.repeats, sampled=count.sampled, metric=tp.metric or prior.metric or "auto", margin=tp.margin, alpha=tp.alpha,
                     power=tp.power, min_n=tp.min_n, source=prior.source)
     if not any(r in MARGIN_RULES for r in tp.rules):
@@ -283,13 +284,13 @@ def plan_task(count: CountedTask, tp: TaskPolicy, prior: Prior, model: str) -> T
     if prior.no_information is not None and prior.model == model:
         return plan_reference(base, tp, prior)
     needed = items_needed(prior.sd, tp.margin, tp.alpha, tp.power)
-    if count.n_items < 2:
+    if n < 2:
         mde = None
     elif prior.sd > 0:
-        mde = z_total(tp.alpha, tp.power) * prior.sd / math.sqrt(count.n_items)
+        mde = z_total(tp.alpha, tp.power) * prior.sd / math.sqrt(n)
     else:  # every difference equal: the exact bound is the limit (qa.stats.power.mde)
-        mde = -degenerate_interval(0.0, count.n_items, 1.0, 1 - 2 * tp.alpha).lower
-    notes = []
+        mde = -degenerate_interval(0.0, n, 1.0, 1 - 2 * tp.alpha).lower
+    notes = [runs] if (runs := getattr(count, "plan_note", "")) else []  # what the task runs, where it says
     if tp.looks:
         notes.append(f"sequential looks {list(tp.looks)}: planned at fixed n; the last look's adjusted level "
                      "widens the final interval a little")
