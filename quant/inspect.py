@@ -40,6 +40,7 @@ from quant.inspect_report import (  # noqa: F401 - the schema and its I/O, re-ex
 from quant.kv.cache import make_cache
 from quant.kv.layer import QuantizedKVLayer
 from quant.kv.observe import ObservingCache
+from quant.kv.shape import model_kv_shape
 from quant.kv_spec import KVQuantSpec
 from quant.scales import KVScales
 
@@ -140,6 +141,7 @@ def inspect_kv(
     spec = spec.model_copy(update={"prefill_reads_quantized": True})
     model.eval()
     device = next(model.parameters()).device
+    model_kv_shape(model.config)  # QuantError for recurrent (hybrid) layers: every layer here has K/V
     layer_count = len(make_cache(model.config, spec, scales).layers)
     acc = {(i, kind): _Acc() for i in range(layer_count) for kind in "kv"}
     attn = {i: [0.0, 0.0] for i in range(layer_count)}  # [sum |o|^2, sum |o^ - o|^2]

@@ -6,6 +6,9 @@
 - `tiny_tokenizer` + `tiny_model`: a 300-token byte-level BPE and a Llama sized to it whose weights are
   N(0, 0.3^2) from `seed`, for engine plumbing tests (peaked logits: greedy ties are vanishingly unlikely).
 - `plain_kv`: the K/V a plain DynamicCache holds after one forward (the reference the caches are checked on).
+- `tiny_family(name)`: a 2-layer random model of one transformers family of the architecture matrix
+  (TINY_FAMILIES, docs/KV_ARCHITECTURES.md): windows of 6 where the family has sliding layers, MoE with 4
+  experts, MLA with latent 32 and rope 16, qwen3_next with one linear-attention layer.
 
 Seeds go to a forked RNG: building a model never changes the global torch RNG state.
 """
@@ -38,6 +41,34 @@ TINY_GEMMA3: dict[str, Any] = {
     "layer_types": ["sliding_attention", "full_attention"],
 }
 ENGINE_STD = 0.3  # weight scale of `tiny_model`
+TINY_BASE: dict[str, Any] = {  # every family: 2 layers, 4 query heads and 2 KV heads of dim 16
+    **TINY_LLAMA, "num_attention_heads": 4, "head_dim": 16, "bos_token_id": 1, "eos_token_id": 2,
+}
+_MOE: dict[str, Any] = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+_MLA: dict[str, Any] = {
+    "kv_lora_rank": 32, "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16, "num_key_value_heads": 4,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "first_k_dense_replace": 1,
+    "n_group": 1, "topk_group": 1,
+}
+SLIDING_PAIR: dict[str, Any] = {"sliding_window": 6, "layer_types": ["sliding_attention", "full_attention"]}
+TINY_FAMILIES: dict[str, dict[str, Any]] = {  # model_type -> config overrides of TINY_BASE
+    "llama": {},
+    "mistral": {"sliding_window": 6},  # every layer sliding (Mistral-7B-v0.1's 4096 window)
+    "qwen2": {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},  # full, sliding
+    "qwen3": {"use_sliding_window": True, "sliding_window": 6, "max_window_layers": 1},
+    "qwen3_moe": {**_MOE, "decoder_sparse_step": 1},
+    "phi3": {"sliding_window": 6},  # every layer sliding (Phi-3-mini's 2047 window)
+    "gemma2": {"sliding_window": 6},  # local, global; attention logit soft cap 50
+    "gemma3_text": SLIDING_PAIR,
+    "gpt_oss": {**SLIDING_PAIR, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}},  # attention sinks
+    "deepseek_v3": {**_MLA, "q_lora_rank": 32},
+    "deepseek_v2": {**_MLA, "q_lora_rank": None},
+    "granite": {},  # residual, attention and logit multipliers
+    "olmo2": {},  # q/k RMS norms
+    "qwen3_next": {**_MOE, "layer_types": ["linear_attention", "full_attention"], "linear_num_value_heads": 2,
+                   "linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16},
+}
 
 
 def tiny_llama_config(**overrides: Any):  # -> LlamaConfig
@@ -73,6 +104,20 @@ def tiny_gemma3(seed: int = 0, **overrides: Any):  # -> Gemma3ForCausalLM
     from transformers import Gemma3ForCausalLM
 
     return _built(Gemma3ForCausalLM, tiny_gemma3_config(**overrides), seed)
+
+
+def tiny_family_config(name: str, **overrides: Any):  # -> PreTrainedConfig
+    """The config of TINY_FAMILIES[name] over TINY_BASE, with `overrides` applied."""
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(name, **{**TINY_BASE, **TINY_FAMILIES[name], **overrides})
+
+
+def tiny_family(name: str, seed: int = 0, **overrides: Any):  # -> PreTrainedModel
+    """A random causal LM of family `name` (transformers' init from `seed`), config `tiny_family_config`."""
+    from transformers import AutoModelForCausalLM
+
+    return _built(AutoModelForCausalLM.from_config, tiny_family_config(name, **overrides), seed)
 
 
 def tiny_tokenizer():  # -> PreTrainedTokenizerFast

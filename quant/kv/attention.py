@@ -7,6 +7,16 @@ small partial sums (vLLM-CPU's AMX-BF16 FP8 path: partial sums of Q.K and unnorm
 bound become 0, quant.kv_profiles.amx_fp8_attention), need the attention call itself:
 `profile_attention(spec)` registers, once per setting, an attention implementation that does so; set it
 with `model.set_attn_implementation(name)`. None when the spec's profile needs nothing beyond the cache.
+
+Those functions are SDPA with a rounded Q, or the AMX kernel: they have no attention sinks (gpt_oss) and
+no logit soft cap (gemma2). `quant.kv.cache.make_cache` refuses a profile on such a model at build time;
+the functions also refuse such a call (QuantError) rather than drop what they cannot do.
+
+Each name is registered with SDPA's mask function as well: transformers builds no mask at all for an
+attention name it has no mask function for (masking_utils: "custom attention without equivalent mask
+creation"), which would drop left padding and sliding windows. No name contains "flash": transformers
+takes any such name for a flash-attention request (utils.generic.is_flash_attention_requested) and swaps
+in a kernel for models that list one (gpt_oss) or builds flash-style masks.
 """
 
 from __future__ import annotations
@@ -15,6 +25,7 @@ from typing import Any
 
 import torch
 
+from quant.errors import QuantError
 from quant.formats import FP8Format, get_format
 from quant.kv_profiles import AMX_FLUSH_BELOW, amx_fp8_attention, get_profile, round_query
 from quant.kv_spec import KVQuantSpec
@@ -23,25 +34,38 @@ ATTENTION_PREFIX = "qa_kv_profile_"  # registered name: prefix + profile name (d
 _REGISTERED: set[str] = set()
 
 
+def _implementation_name(profile: str, suffix: str = "") -> str:
+    """The registered name of a profile's attention: no dashes, dots, nor "flash" (see the module docstring)."""
+    name = f"{ATTENTION_PREFIX}{profile}{suffix}".replace("-", "_").replace(".", "p")
+    return name.replace("flash", "fi")
+
+
+def _register(name: str, attention: Any) -> None:
+    """Register `attention` under `name` with SDPA's mask (4-D boolean, padding and windows applied)."""
+    from transformers import AttentionInterface  # transformers: only when a profile changes attention
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # transformers: as above
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    _REGISTERED.add(name)
+
+
 def profile_attention(spec: KVQuantSpec) -> str | None:
     """Name of the registered attention implementation that rounds Q for `spec`'s profile; None if none is needed."""
     if spec.profile is None or spec.format == "none":
         return None
     p = get_profile(spec.profile)
-    from transformers import AttentionInterface  # transformers: only when a profile rounds Q
-
     if p.amx_flush:
         fmt = get_format(spec.format)
         assert isinstance(fmt, FP8Format) and spec.constant_scale is not None  # checked by KVQuantSpec
         bound = AMX_FLUSH_BELOW[fmt.kind] * float(spec.constant_scale)
-        name = f"{ATTENTION_PREFIX}{p.name.replace('-', '_')}_{fmt.kind}_{bound!r}".replace(".", "p")
+        name = _implementation_name(p.name, f"_{fmt.kind}_{bound!r}")
         if name not in _REGISTERED:
-            AttentionInterface.register(name, _flushing_attention(bound))
-            _REGISTERED.add(name)
+            _register(name, _flushing_attention(bound))
         return name
     if p.query == "none":
         return None
-    name = ATTENTION_PREFIX + p.name.replace("-", "_")
+    name = _implementation_name(p.name)
     if name in _REGISTERED:
         return name
     from transformers.integrations.sdpa_attention import sdpa_attention_forward  # transformers: as above
@@ -51,12 +75,19 @@ def profile_attention(spec: KVQuantSpec) -> str | None:
     def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
         """SDPA over Q [B, H, n, D] rounded as the engine rounds it."""
+        _refuse_extras(kwargs)
         return sdpa_attention_forward(module, round_query(query, how, rotated), key, value, attention_mask,
                                       **kwargs)
 
-    AttentionInterface.register(name, attention)
-    _REGISTERED.add(name)
+    _register(name, attention)
     return name
+
+
+def _refuse_extras(kwargs: dict[str, Any]) -> None:
+    """QuantError when attention is asked for sinks or a soft cap, which the profile's kernel does not do."""
+    extras = [name for name in ("s_aux", "softcap") if kwargs.get(name) is not None]
+    if extras:
+        raise QuantError(f"the engine profile's attention has no {' or '.join(extras)}; drop profile for this model")
 
 
 def _flushing_attention(bound: float) -> Any:
@@ -67,7 +98,13 @@ def _flushing_attention(bound: float) -> Any:
                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                   **kwargs: Any) -> tuple[torch.Tensor, None]:
         """Q [B, H, n, D], K/V [B, Hkv, S, D] -> output [B, n, H, D]."""
+        _refuse_extras(kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        return amx_fp8_attention(query, key, value, attention_mask, scale, bound), None
+        out = amx_fp8_attention(query, key, value, attention_mask, scale, bound)
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            # a query that may see nothing (a left-padding position) gets 0, as torch's SDPA gives it
+            blind = ~attention_mask[..., : key.shape[-2]].any(dim=-1)  # [B, 1|H, n]
+            out = out.masked_fill(blind.transpose(1, 2)[..., None], 0.0)  # out [B, n, H, D]
+        return out, None
 
     return attention

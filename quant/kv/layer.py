@@ -8,6 +8,11 @@ the last `sliding_window - 1` tokens). The row operations (`pad_left`, `drop_old
 `prefill_reads_quantized=False` lets a multi-token write (a prefill chunk) attend to its own fresh K/V
 plus the quantized past; single-token decode steps always read the cache. K and V whose plans agree
 go through one quantize / dequantize call each per write (the joint path: the same bytes as two calls).
+
+K and V may differ in width (MLA caches the latent kv_c as K and the roped key k_pe as V): each stream
+quantizes its own. `shared_scale` gives both one dynamic decode scale (the amax of both), as vLLM's MLA
+cache writes [kv_c | k_pe] as one entry with one k_scale. `expected` ((heads, K width, V width) from the
+config) is checked at the first write, so a model that writes another layout is refused, not mis-stored.
 """
 
 from __future__ import annotations
@@ -45,13 +50,16 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
     """One layer of the emulated cache: K and V stored quantized, read dequantized."""
 
     def __init__(self, k_plan: StreamPlan, v_plan: StreamPlan, prefill_reads_quantized: bool = True,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, *, shared_scale: bool = False,
+                 expected: tuple[int, int, int] | None = None) -> None:
         super().__init__()
         self.k = Stream(k_plan)
         self.v = Stream(v_plan)
         self.prefill_reads_quantized = prefill_reads_quantized
         self.sliding_window = sliding_window
         self.is_sliding = sliding_window is not None
+        self.shared_scale = shared_scale
+        self.expected = expected
         self.cumulative_length = 0
         self.padding_mask: torch.Tensor | None = None  # [B, T_first] bool, for dynamic amax only
         self._joint_scales: dict[ScaleSlot, tuple] = {}  # slot -> (K scale, V scale, both stacked)
@@ -65,7 +73,16 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
         return self.k.plan.fmt.name
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Record device and dtype; storage starts empty."""
+        """Record device and dtype (storage starts empty); QuantError when K/V are not the expected layout."""
+        if self.expected is not None:
+            heads, k_dim, v_dim = self.expected
+            got = (key_states.shape[1], key_states.shape[-1], value_states.shape[-1])
+            if key_states.dim() != 4 or value_states.shape[1] != got[0] or got != self.expected:
+                raise QuantError(
+                    f"layer {self.k.plan.layer} writes K {tuple(key_states.shape)} and V "
+                    f"{tuple(value_states.shape)}, but its config describes {heads} heads of K width {k_dim} "
+                    f"and V width {v_dim}; the quantized KV cache does not know this attention layout"
+                )
         self.device = key_states.device
         self.keys = key_states[..., :0, :]
         self.values = value_states[..., :0, :]
@@ -87,8 +104,13 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
             valid = self.padding_mask
             if valid is not None and tuple(valid.shape) != (key_states.shape[0], n):
                 valid = None  # the mask was for another batch or prompt length
-            self.k.init_dynamic_scales(key_states, valid)
-            self.v.init_dynamic_scales(value_states, valid)
+            if self.shared_scale:  # one decode scale for the whole [K | V] entry (MLA)
+                amax = torch.maximum(self.k.dynamic_amax(key_states, valid), self.v.dynamic_amax(value_states, valid))
+                self.k.set_dynamic_scales(amax)
+                self.v.set_dynamic_scales(amax)
+            else:
+                self.k.init_dynamic_scales(key_states, valid)
+                self.v.init_dynamic_scales(value_states, valid)
         if self._joint:
             self._append_joint(key_states, value_states)
         else:
@@ -270,7 +292,8 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
         for layer in layers:
             layer._require_rows()
         first = layers[0]
-        out = cls(first.k.plan, first.v.plan, first.prefill_reads_quantized)
+        out = cls(first.k.plan, first.v.plan, first.prefill_reads_quantized,
+                  shared_scale=first.shared_scale, expected=first.expected)
         out.k = Stream.stack([layer.k for layer in layers])
         out.v = Stream.stack([layer.v for layer in layers])
         out.device, out.is_initialized, out.cumulative_length = first.device, True, first.cumulative_length

@@ -4,7 +4,9 @@ Values are stored exactly as the model computes them (no quantization); the diff
 DynamicCache is speed: K and V live in a `KVBuffer` with spare capacity, so a decode step writes one
 token instead of concatenating the whole history (that concatenation was ~45% of a decode step of
 SmolLM2-135M at batch 4 and 1.1k tokens). Sliding-window layers (Gemma-3 local attention) keep
-transformers' own DynamicSlidingWindowLayer, and such caches do not offer the row operations.
+transformers' own DynamicSlidingWindowLayer, the recurrent layers of a hybrid model (qwen3_next) its
+LinearAttentionLayer (`recurrent_layer`, used by the quantized cache too), and such caches do not offer
+the row operations.
 
 The row operations (`pad_left`, `set_row`, `drop_oldest`, `stack`) mirror those of the quantized
 cache, so both arms of a comparison batch their sequences the same way.
@@ -19,7 +21,7 @@ from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLa
 
 from quant.kv.buffer import KVBuffer
 from quant.kv.rows import BatchOpsMixin, RowOpsMixin
-from quant.kv.shape import SLIDING_LAYER_TYPES, model_kv_shape
+from quant.kv.shape import RECURRENT_LAYER_TYPES, SLIDING_LAYER_TYPES, model_kv_shape
 
 
 class PlainKVLayer(BatchOpsMixin, DynamicLayer):
@@ -130,12 +132,24 @@ class PlainKVCache(RowOpsMixin, Cache):
         return cls([PlainKVLayer.stack(list(layers)) for layers in per_layer])  # type: ignore[arg-type]
 
 
+def recurrent_layer(model_config: Any, layer_type: str) -> Any:
+    """transformers' own cache layer for a recurrent layer type (`linear_attention`, `conv`), as its
+    DynamicCache builds it: the state is kept as the model computes it (no KV cache to quantize)."""
+    from transformers.cache_utils import DYNAMIC_LAYER_TYPE_MAPPING  # transformers: its layer registry
+
+    cfg = model_config.get_text_config(decoder=True)
+    return DYNAMIC_LAYER_TYPE_MAPPING[layer_type](number_of_states=getattr(cfg, "number_of_conv_states", 1))
+
+
 def make_plain_cache(model_config: Any) -> PlainKVCache:
-    """A fresh unquantized cache for a decoder-only model config (sliding layers as transformers')."""
-    shape = model_kv_shape(model_config)
+    """A fresh unquantized cache for a decoder-only model config (sliding and recurrent layers as
+    transformers')."""
+    shape = model_kv_shape(model_config, recurrent_ok=True)
     layers: list[Any] = []
     for layer_type, window in zip(shape.layer_types, shape.sliding_windows, strict=True):
-        if layer_type in SLIDING_LAYER_TYPES:
+        if layer_type in RECURRENT_LAYER_TYPES:
+            layers.append(recurrent_layer(model_config, layer_type))
+        elif layer_type in SLIDING_LAYER_TYPES:
             layers.append(DynamicSlidingWindowLayer(sliding_window=int(window)))  # type: ignore[arg-type]
         else:
             layers.append(PlainKVLayer())

@@ -126,8 +126,9 @@ class Stream:
         return out
 
     # ---- writing ----
-    def init_dynamic_scales(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
-        """Per-sequence decode scales from amax over heads, tokens and dims of x [B, H, T, D]."""
+    def dynamic_amax(self, x: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """Per-sequence amax [B, 1, 1, 1] over heads, tokens and dims of x [B, H, T, D] (float32); `valid`
+        ([B, T] bool) keeps padding positions out; QuantError when x holds NaN or Inf."""
         a = x.detach().abs().to(torch.float32)
         if valid is not None:  # [B, T] bool: padding positions do not count
             a = torch.where(valid[:, None, :, None].to(a.device), a, 0.0)
@@ -137,11 +138,19 @@ class Stream:
                 f"layer {self.plan.layer} {self.plan.kind.upper()} holds NaN or Inf: a KV cache with "
                 "non-finite values is a model bug"
             )
+        return amax
+
+    def set_dynamic_scales(self, amax: torch.Tensor) -> None:
+        """Fix the per-sequence decode scales of both regions from amax [B, 1, 1, 1]."""
         if self.plan.fmt.needs_tensor_scale:
             self.scale = self._faulty_scale(self.plan.fmt.decode_scale_from_amax(amax))
         if self.plan.recent_fmt is not None and self.plan.recent_fmt.needs_tensor_scale:
             self.recent_scale = self._faulty_scale(self.plan.recent_fmt.decode_scale_from_amax(amax))
         self.scales_ready = True
+
+    def init_dynamic_scales(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Per-sequence decode scales from amax over heads, tokens and dims of x [B, H, T, D]."""
+        self.set_dynamic_scales(self.dynamic_amax(x, valid))
 
     def dequantize(self, fmt: KVFormat, q: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
         """Stored chunk q of format fmt read back (through the fault hooks) as values in `dtype`."""
