@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -107,21 +107,22 @@ class _Absmax:
 class _Percentile:
     """Exact inverted-CDF percentile of |x| from the top-k values, k = M - ceil(M * p / 100) + 1."""
 
-    def __init__(self, by_head: bool, percentile: float, total_per_group: int) -> None:
+    def __init__(self, by_head: bool, percentile: float, total_per_group: Mapping[str, int]) -> None:
+        """`total_per_group`: values one group sees over the run, per kind (K and V differ in width on MLA)."""
         self.by_head = by_head
-        self.k = max(1, total_per_group - math.ceil(total_per_group * percentile / 100.0) + 1)
+        self.ks = {kind: max(1, m - math.ceil(m * percentile / 100.0) + 1) for kind, m in total_per_group.items()}
         self.top: dict[tuple[int, str], torch.Tensor] = {}
 
     def __call__(self, layer: int, kind: str, x: torch.Tensor) -> None:
         a = _per_group(x, self.by_head)  # [G, N]
         old = self.top.get((layer, kind))
         cand = a if old is None else torch.cat([old, a], dim=-1)
-        k = min(self.k, cand.shape[-1])
+        k = min(self.ks[kind], cand.shape[-1])
         self.top[(layer, kind)] = torch.topk(cand, k, dim=-1, sorted=False).values
 
     def result(self, layer: int, kind: str) -> torch.Tensor:
         top = self.top[(layer, kind)]
-        if top.shape[-1] < self.k:
+        if top.shape[-1] < self.ks[kind]:
             raise QuantError(
                 "percentile observer saw fewer values than expected; the token count changed mid-run"
             )
@@ -190,8 +191,9 @@ def calibrate(
     clip_factors: dict[str, list[float]] | None = None
     stride: int | None = None
     if spec.observer == "percentile":
-        per_group = chunks.numel() * (1 if by_head else heads) * shape.head_dim
-        obs = _Percentile(by_head, spec.percentile, per_group)
+        per_row = chunks.numel() * (1 if by_head else heads)
+        widths = {"k": shape.k_head_dim, "v": shape.v_head_dim}  # unequal on MLA (latent vs rope key)
+        obs = _Percentile(by_head, spec.percentile, {kind: per_row * widths[kind] for kind in KINDS})
         _run(model, chunks, spec.batch_size, obs)
         amax = {(i, kind): obs.result(i, kind) for i in range(num_layers) for kind in KINDS}
     else:
