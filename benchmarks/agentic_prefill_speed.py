@@ -162,8 +162,9 @@ def vllm_prefill(model_dir: str, prompts: list[list[int]], threads: int, repeats
                           env=env, check=False)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise RuntimeError(f"vLLM exited {proc.returncode}: {tail[0][:300]}")
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        said = [ln for ln in lines if "Error" in ln] or lines[-1:] or ["no output"]  # the exception, not a warning
+        raise RuntimeError(f"vLLM exited {proc.returncode}: {said[-1].strip()[:300]}")
     return {int(k): float(v) for k, v in json.loads(lines[-1][len("RESULT "):]).items()}
 
 
