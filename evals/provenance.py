@@ -55,13 +55,13 @@ def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec) -> KVProvenance:
     import torch  # torch: only when a calibrated scales file is read
 
     from quant.formats import get_format  # torch: the formats are torch code
-    from quant.scales import KVScales, scales_paths  # torch: the scales are tensors
+    from quant.scales import scales_paths  # torch: the scales module is torch code
 
     named = args.scales or kv.scales_file
     if named is None:  # static scales handed to the cache in code: nothing on disk to name
         return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="unknown", scales_expected=True)
-    scales = read_scales(args) if args.scales is not None else KVScales.load(named)
-    assert scales is not None  # read_scales returns None only when args.scales is None
+    scales = read_scales(args)
+    assert scales is not None  # read_scales reads `named`
     layers = []
     for i in range(scales.num_layers):
         fmt = kv.layer_format(i)

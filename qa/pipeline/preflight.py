@@ -2,9 +2,10 @@
 
 `preflight(run, strict=True)` (the start of `qa run`): every arm's problem found while resolving (a model
 not on this machine, no vLLM interpreter), the calibration format, the static scales an hf arm reads (a
-pending calibration writes them later), what a served arm would refuse or ignore on every sample, a reused
-baseline (checked against the earlier run, evals.arm_reuse), and every vLLM arm's arguments checked by vLLM
-itself in the interpreter that will run them (evals.engines.vllm_check, one child process for all arms).
+pending calibration writes them later) and whether its kv spec fits the model's config (read alone, no
+weights), what a served arm would refuse or ignore on every sample, a reused baseline (checked against
+the earlier run, evals.arm_reuse), and every vLLM arm's arguments checked by vLLM itself in the
+interpreter that will run them (evals.engines.vllm_check, one child process for all arms).
 With `strict=False` (the dry run) what this machine cannot check becomes a note on the arm instead.
 """
 
@@ -18,6 +19,7 @@ from evals.arm_reuse import check_reuse
 from evals.engines import hf
 from evals.engines.base import GenerateRequest
 from evals.engines.hf.args import HFEngineArgs
+from evals.engines.hf.fit import check_model_fit
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.openai_api.sampling import check_sampling
 from evals.engines.vllm_args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
@@ -121,13 +123,17 @@ def check_served_requests(run: ResolvedRun) -> None:
 
 
 def check_hf_args(run: ResolvedRun) -> None:
-    """Every hf arm's static scales file reads (one that the calibration step writes later is not read yet)."""
+    """Every hf arm's static scales file reads (one that the calibration step writes later is not read yet)
+    and its kv spec fits its model's config (evals.engines.hf.fit: layer types, the prefix cache's windows)."""
     pending = not all(p.exists() for p in scales_paths(run.rd.scales))
     for arm in run.arms:
         if isinstance(arm.engine_args, HFEngineArgs):
-            named = arm.engine_args.scales
+            kv = arm.engine_args.kv
+            named = arm.engine_args.scales or (kv.scales_file if kv is not None else None)
             hf.check_args(arm.engine_args, load_scales=not (pending and named is not None
                                                              and Path(named) == run.rd.scales))
+            if arm.model is not None:
+                check_model_fit(arm.model, arm.engine_args)
 
 
 def check_reused_baseline(run: ResolvedRun) -> ArmManifest | None:

@@ -28,13 +28,15 @@ if TYPE_CHECKING:
 
 
 def read_scales(args: HFEngineArgs) -> KVScales | None:
-    """The static KV scales file the arguments name (None when they name none); EngineError if unusable."""
-    if args.scales is None:
+    """The static KV scales the arguments name, `scales` or else the kv spec's `scales_file` (a file pair or
+    a model folder), read once per engine; None when they name none; EngineError if unusable."""
+    path = args.scales if args.scales is not None else args.kv.scales_file if args.kv is not None else None
+    if path is None:
         return None
     from quant.scales import KVScales  # torch: the scales are tensors
 
     try:
-        return KVScales.load(args.scales)
+        return KVScales.load(path)
     except QuantError as exc:
         raise EngineError(f"hf engine: {exc}") from None
 

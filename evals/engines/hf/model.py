@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from evals.engines.hf.args import HFEngineArgs
-from evals.engines.hf.surgery import cache_keyword, context_window, split_head
+from evals.engines.hf.fit import context_window
+from evals.engines.hf.surgery import cache_keyword, split_head
 from evals.engines.hf.tokens import HFTokens
 from quant.errors import QuantError
 from quant.kv.cache import make_cache

@@ -54,6 +54,7 @@ from typing import Any
 import torch
 
 from evals.engines.base import PrefixCacheStats
+from evals.engines.hf.fit import prefix_cache_problem
 from evals.engines.hf.model import HFModel
 from evals.engines.hf.replay import emptied, read_only, restarted, unwrap
 from evals.errors import EngineError
@@ -81,22 +82,14 @@ def prefix_cache_for(hf: HFModel) -> PrefixCache | None:
     spec = hf.args.kv.prefix_cache if hf.args.kv is not None else None
     if spec is None or not spec.enabled:
         return None
-    where = "hf engine: kv cache spec: prefix_cache"
-    if spec.replay_window >= hf.max_length:
-        raise EngineError(f"{where}.replay_window {spec.replay_window} is larger than the model context "
-                          f"({hf.max_length} tokens); use a smaller window")
-    if spec.block >= hf.max_length:
-        raise EngineError(f"{where}.block {spec.block} is not smaller than the model context ({hf.max_length} tokens)")
     try:
         hf.new_cache()
         shape = model_kv_shape(hf.model.config)
     except QuantError as exc:  # the spec does not fit the model: say that, not what follows from it
         raise EngineError(f"hf engine: {exc}") from None
-    windows = [int(w) for t, w in zip(shape.layer_types, shape.sliding_windows, strict=True)
-               if t in SLIDING_LAYER_TYPES and w]
-    if windows and spec.replay_window > min(windows):
-        raise EngineError(f"{where}.replay_window {spec.replay_window} is larger than the model's sliding "
-                          f"window ({min(windows)} positions); bounded replay rebuilds at most one window")
+    problem = prefix_cache_problem(spec, hf.max_length, shape)
+    if problem is not None:
+        raise EngineError(problem)
     return PrefixCache(hf, spec)
 
 

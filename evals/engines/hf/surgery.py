@@ -1,6 +1,6 @@
 """What the engine reads off (or switches on) a loaded transformers model: whether its logits are the
 output layer applied to the decoder's last hidden state (so only the rows read need that layer),
-the name of its cache argument, its context window, and SDPA's grouped-query switch."""
+the name of its cache argument and SDPA's grouped-query switch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-DEFAULT_MAX_LENGTH = 2048  # lm-eval HFLM._DEFAULT_MAX_LENGTH, used when the config names no window
 GQA_ENV = "TRANSFORMERS_SDPA_FORCE_GQA"  # read by transformers' sdpa_attention_forward at each call
 # config attributes that rescale logits after the output layer (Cohere, Granite, ...): no split
 LOGIT_SCALING_ATTRS = ("logit_scale", "logits_scaling", "output_multiplier_scale", "final_logit_scale")
@@ -51,15 +50,3 @@ def split_head(model: Any) -> tuple[Any, Any]:
 def cache_keyword(module: Any) -> str:
     """The name of `module.forward`'s cache argument: `cache` in transformers >= 5.2x, else `past_key_values`."""
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-
-
-def context_window(config: Any, tokenizer: Any) -> int:
-    """The model's context window as lm-eval resolves it (config attributes, then tokenizer)."""
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
-        value = getattr(config, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    tml = getattr(tokenizer, "model_max_length", None)
-    if isinstance(tml, int) and 0 < tml < 10**10:
-        return tml
-    return DEFAULT_MAX_LENGTH

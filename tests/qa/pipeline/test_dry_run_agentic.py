@@ -50,3 +50,23 @@ def test_the_cli_refuses_a_bad_option_in_one_line_with_exit_2(tmp_path: Path) ->
     assert out.returncode == 2, out.stderr[-2000:]
     lines = [ln for ln in out.stderr.splitlines() if "subtasks" in ln]
     assert len(lines) == 1 and "Traceback" not in out.stderr
+
+
+def test_a_replay_window_larger_than_the_models_sliding_window_is_refused_by_the_dry_run(tmp_path: Path) -> None:
+    """The model's config decides (no weights loaded): a tiny Gemma-3 with a sliding window of 6."""
+    from tests.tiny_models import tiny_gemma3, tiny_tokenizer
+
+    tiny_gemma3().save_pretrained(tmp_path / "gemma")
+    tiny_tokenizer().save_pretrained(tmp_path / "gemma")
+    head = HEAD.replace('"smollm2-135m"', f'"{tmp_path / "gemma"}"')
+    kv = '[arms.candidate.engine_args.kv]\nformat = "nvfp4"\nprefix_cache = { block = 2, replay_window = REPLAY }\n'
+    ruler = '[[tasks]]\nname = "ruler"\noptions = { lengths = [1024], per_cell = 1 }\n'
+    assert api.dry_run(parse_spec(head + kv.replace("REPLAY", "6") + ruler), data_dir=shared_data_dir()).plan.tasks
+    spec = tmp_path / "spec.toml"
+    spec.write_text(head + kv.replace("REPLAY", "7") + ruler)
+    out = subprocess.run([sys.executable, "-m", "qa.cli", "run", str(spec), "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=False, env={**os.environ, "QA_DATA_DIR": str(shared_data_dir())})
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [ln for ln in out.stderr.splitlines() if "replay_window 7" in ln]
+    assert len(lines) == 1 and "larger than the model's sliding window (6 positions)" in lines[0]
+    assert "Traceback" not in out.stderr

@@ -59,3 +59,27 @@ def test_build_uses_the_attention_of_the_kv_profile() -> None:
             plain.close()
     finally:
         engine.close()
+
+
+def test_a_kv_specs_scales_file_is_read_once_per_engine_not_per_cache(tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    from evals.engines.hf import build
+    from evals.models import ResolvedModel
+    from quant.scales import CalibrationData, KVScales, ScalesMeta
+    from tests.evals.hf_fixtures import save_tiny
+
+    amax = torch.tensor([[4.0, 8.0], [1.0, 2.0]])  # [L=2, H=2]: the tiny model's layers and KV heads
+    meta = ScalesMeta(format="fp8_e4m3", convention="decode", observer="absmax", granularity="head", num_layers=2,
+                      num_kv_heads=2, model="m", data=CalibrationData(name="d", sha256="0", n_samples=1, seq_len=8),
+                      seed=0)
+    KVScales(k_amax=amax, v_amax=amax.clone(), k_scale=amax / 448, v_scale=amax / 448, meta=meta).save(tmp_path / "kv")
+    loads: list[Path] = []
+    real = KVScales.load.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(KVScales, "load", classmethod(lambda cls, path: loads.append(path) or real(cls, path)))
+    folder = save_tiny(tmp_path / "model")
+    args = parse_args({"kv": {"format": "fp8_e4m3", "scales": "static", "scales_file": str(tmp_path / "kv")}})
+    engine = build(ResolvedModel(name="tiny", path=folder, hub_id=None, file_hash=None), args)
+    caches = [engine.hf.new_cache() for _ in range(3)]
+    assert loads == [tmp_path / "kv"] and len(caches) == 3
+    assert engine.hf.scales is not None and torch.equal(engine.hf.scales.k_amax, amax)

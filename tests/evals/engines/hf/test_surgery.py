@@ -1,19 +1,16 @@
-"""What the engine reads off a model: the split output layer, the cache argument's name, the context
-window as lm-eval resolves it, and the SDPA grouped-query switch (restored after use)."""
+"""What the engine reads off a model: the split output layer, the cache argument's name and the SDPA
+grouped-query switch (restored after use)."""
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from evals.engines.hf.surgery import (
-    DEFAULT_MAX_LENGTH,
     GQA_ENV,
     cache_keyword,
-    context_window,
     gqa_sdpa,
     split_head,
 )
@@ -43,14 +40,6 @@ def test_cache_keyword_names_the_forward_argument() -> None:
             return input_ids
 
     assert (cache_keyword(Old()), cache_keyword(New())) == ("past_key_values", "cache")
-
-
-def test_context_window_as_lm_eval_resolves_it() -> None:
-    tok = SimpleNamespace(model_max_length=512)
-    assert context_window(SimpleNamespace(max_position_embeddings=256), tok) == 256
-    assert context_window(SimpleNamespace(n_positions=1024, max_position_embeddings=256), tok) == 1024
-    assert context_window(SimpleNamespace(), tok) == 512
-    assert context_window(SimpleNamespace(), SimpleNamespace(model_max_length=10**30)) == DEFAULT_MAX_LENGTH
 
 
 @pytest.mark.parametrize("before", [None, "0"])
