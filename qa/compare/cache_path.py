@@ -44,7 +44,7 @@ from qa.files.comparison import (
     Flips,
     StatsSettings,
 )
-from qa.stats.basic import cluster_mean_se, flips, t_interval
+from qa.stats.basic import cluster_mean_se, flips, gate_mean_se, t_interval
 
 PATHS = ("cold", "warm", "shuffled")
 Unit = tuple[str, int, int]  # (session, turn, repeat)
@@ -232,7 +232,7 @@ def kl_delta(base: Paths, cand: Paths, units: list[Unit]) -> CacheKLDelta | None
     b = np.array([r[0] for r in rows])  # (n,) baseline per-unit KL
     c = np.array([r[1] for r in rows])  # (n,) candidate per-unit KL
     clusters = [r[2] for r in rows]
-    delta, se, df = cluster_mean_se(c - b, clusters)
+    delta, se, df, _ = gate_mean_se(c - b, clusters)
     ci90, ci95 = ((t_interval(delta, se, df, lvl) if se is not None else None) for lvl in (0.90, 0.95))
     return CacheKLDelta(n=len(rows), n_clusters=len(set(clusters)), mean_baseline=float(b.mean()),
                         mean_candidate=float(c.mean()), delta=delta, se=se, df=df if se is not None else None,

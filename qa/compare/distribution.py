@@ -30,7 +30,7 @@ from evals.records import TokenLogprobs
 from qa.compare.pairing import PairedTask
 from qa.errors import PairingError
 from qa.files.comparison import ChunkValue, DistributionEstimate, DistributionMetric, Interval
-from qa.stats.basic import cluster_mean_se
+from qa.stats.basic import gate_mean_se
 
 _P_FLOOR = 1e-12  # probabilities below this are treated as this (keeps log(p/q) finite)
 
@@ -90,7 +90,7 @@ def _estimate(
     task: str, metric: DistributionMetric, x: np.ndarray, groups: np.ndarray, chunks: Sequence[tuple[str, int, int]]
 ) -> DistributionEstimate:
     """Token-weighted mean of x (N,) with CR1 SE over `groups` (N,) ints; per-chunk means."""
-    value, se, df = cluster_mean_se(x, groups)
+    value, se, df, _ = gate_mean_se(x, groups)
     se_naive = float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else None
     ci = None
     if se is not None:

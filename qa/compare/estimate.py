@@ -12,7 +12,7 @@ from scipy import stats
 
 from qa.compare.pairing import PairedMetric, PairedTask, paired_metric
 from qa.files.comparison import Agreement, CIMethod, Estimate, ExcessFlips, Multiplicity, StatsSettings
-from qa.stats.basic import cluster_mean_se, flips, share, wilson
+from qa.stats.basic import cluster_mean_se, flips, gate_mean_se, share, wilson
 from qa.stats.bootstrap import bootstrap_delta
 from qa.stats.intervals import delta_interval, is_degenerate, p_two_sided
 from qa.stats.multiplicity import benjamini_hochberg
@@ -66,7 +66,10 @@ def estimate(pm: PairedMetric, settings: StatsSettings) -> Estimate:
     notes: list[str] = []
     mean_a, se_a, _ = cluster_mean_se(a, clusters)
     mean_b, se_b, _ = cluster_mean_se(b, clusters)
-    delta, se_p, df = cluster_mean_se(d, clusters)
+    delta, se_p, df, floored = gate_mean_se(d, clusters)
+    if floored:
+        notes.append(f"the cluster-robust SE of the difference is below the item-level SE ({len(set(pm.clusters))} "
+                     "clusters): the item-level SE is used, with G - 1 df")
     se_unp = math.sqrt(se_a**2 + se_b**2) if se_a is not None and se_b is not None else None
     sd_a, sd_b = (float(np.std(x, ddof=1)) if n > 1 else None for x in (a, b))
     rho = float(np.corrcoef(a, b)[0, 1]) if sd_a and sd_b else None

@@ -24,7 +24,7 @@ from qa.compare.distribution import token_stats
 from qa.compare.pairing import PairedTask
 from qa.errors import PairingError
 from qa.files.comparison import ReferenceEstimate, ReferenceStat
-from qa.stats.basic import cluster_mean_se, t_interval
+from qa.stats.basic import gate_mean_se, t_interval
 
 REFERENCE_ERROR_KEY = "reference_error"  # evals.reference.META_KEY: the engine could not score it
 METHOD_NOTE = ("per item (repeats averaged first): mean over the reference tokens of log p_cand - log p_base and "
@@ -87,7 +87,7 @@ def item_references(pt: PairedTask) -> tuple[list[ItemReference], int, int]:
 
 
 def _stat(x: np.ndarray, clusters: list[str]) -> ReferenceStat:
-    value, se, df = cluster_mean_se(x, clusters)
+    value, se, df, _ = gate_mean_se(x, clusters)
     ci = t_interval(value, se, df, 0.95) if se is not None else None
     return ReferenceStat(value=value, se=se, df=df if se is not None else None, ci95=ci)
 

@@ -34,7 +34,7 @@ from qa.compare.pairing import pair_records, score_keys
 from qa.errors import PairingError
 from qa.files.estimates import Interval
 from qa.files.slices import SliceDimension, SliceRow, SliceTable
-from qa.stats.basic import cluster_mean_se, t_interval
+from qa.stats.basic import gate_mean_se, t_interval
 
 Pair = tuple[SampleRecord, SampleRecord]  # (baseline, arm)
 TURN_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32))
@@ -94,7 +94,7 @@ def _cluster(r: SampleRecord) -> str:
 
 
 def _interval(x: np.ndarray, clusters: list[str]) -> tuple[float, float | None, Interval | None]:
-    mean, se, df = cluster_mean_se(x, clusters)
+    mean, se, df, _ = gate_mean_se(x, clusters)
     return mean, se, t_interval(mean, se, df, 0.95) if se is not None else None
 
 

@@ -56,6 +56,19 @@ def cluster_mean_se(x: np.ndarray, clusters: Sequence[str] | np.ndarray | None) 
     return mean, math.sqrt(var), n_groups - 1
 
 
+def gate_mean_se(x: np.ndarray, clusters: Sequence[str] | np.ndarray | None) -> tuple[float, float | None, int, bool]:
+    """(mean, SE, df, floored) a decision reads: `cluster_mean_se`, except that a clustered SE is never
+    below the item-level one, sd(x, ddof=1)/sqrt(n) (`floored` says it was raised; df stays G - 1).
+    With few clusters CR1 can be arbitrarily small, and exactly 0 when every cluster's mean equals the
+    others' (2 sessions with one flip each): a CI of width 0 around a non-zero difference. Taking the
+    larger of the two follows Angrist & Pischke, Mostly Harmless Econometrics (2009), section 8.2."""
+    mean, se, df = cluster_mean_se(x, clusters)
+    if se is None or len(x) < 2 or clusters is None or len(np.unique(np.asarray(clusters))) == len(x):
+        return mean, se, df, False
+    item_se = float(np.std(x, ddof=1) / math.sqrt(len(x)))
+    return (mean, item_se, df, True) if item_se > se else (mean, se, df, False)
+
+
 def t_interval(est: float, se: float, df: int, conf: float) -> Interval:
     """est -/+ t_{df, (1+conf)/2} * se."""
     h = float(stats.t.ppf((1 + conf) / 2, df)) * se

