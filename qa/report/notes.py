@@ -62,10 +62,13 @@ def truncation_notes(inp: ReportInputs) -> list[str]:
 
 
 def engine_notes(inp: ReportInputs) -> list[str]:
-    """One line per arm whose engine says it is not bit-reproducible."""
+    """One line per arm whose engine says it is not bit-reproducible (and whether a rerun arm measured that)."""
+    measured = any(a.arm == "rerun" for a in inp.arms)
+    floor = ("the run's rerun arm measures that noise floor (its A/A rows)" if measured
+             else "add an [arms.rerun] to measure that noise floor")
     return [
         f"arm {a.arm}: engine {a.engine!r} is not deterministic, so a rerun of the same arm can flip answers "
-        "by itself; add an [arms.rerun] to measure that noise floor."
+        f"by itself; {floor}."
         for a in inp.arms
         if a.deterministic is False
     ]
@@ -79,7 +82,7 @@ def methods(inp: ReportInputs) -> list[str]:
         c.sign_convention + "; t reference with n - 1 df (G - 1 for clustered items)",
         (
             f"CI methods in this comparison: {', '.join(ci_methods) or '-'} (paired_t: paired t on item differences; "
-            "cluster_cr1_t: cluster-robust CR1; tango_score: Tango score interval for paired proportions; "
+            "cluster_cr1_t: cluster-robust CR1, never below the item-level SE; tango_score: Tango score interval for paired proportions; "
             "degenerate: every difference equal, exact binomial bound 1 - a^(1/n) on the share of items that "
             "could differ, times the score range)"
         ),

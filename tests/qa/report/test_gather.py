@@ -81,7 +81,13 @@ def test_arm_engines_come_from_arm_json(tmp_path: Path) -> None:
     inp = gather(run)
     assert inp.arms == arms
     (note,) = engine_notes(inp)
-    assert note.startswith("arm candidate: engine 'vllm' is not deterministic") and "[arms.rerun]" in note
+    assert note.startswith("arm candidate: engine 'vllm' is not deterministic") and "add an [arms.rerun]" in note
+    identity = ArmIdentity(name="rerun", model="m", model_file_hash=None, engine="vllm", engine_args={},
+                           engine_files={}, limit=None, repeats=1, seed=0)
+    ArmManifest(config=identity, fingerprint="f", tasks={},
+                engine_info=EngineSummary(name="vllm", deterministic=False)).save(rd.arm_records("rerun") / "arm.json")
+    notes = engine_notes(gather(run))  # a run with a rerun arm is not told to add one
+    assert len(notes) == 2 and all("the run's rerun arm measures that noise floor" in n for n in notes)
 
 
 def test_gather_reads_every_file_through_rundir(tmp_path: Path, inspect_report: InspectReport) -> None:
