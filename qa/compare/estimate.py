@@ -64,8 +64,8 @@ def estimate(pm: PairedMetric, settings: StatsSettings) -> Estimate:
         return Estimate(**common, n=0, repeats=0, n_clusters=0, ci_method="paired_t",
                         notes=["no item has a score in both arms"])
     notes: list[str] = []
-    mean_a, se_a, _ = cluster_mean_se(a, clusters)
-    mean_b, se_b, _ = cluster_mean_se(b, clusters)
+    mean_a, se_a, _, _ = gate_mean_se(a, clusters)  # the k-SE rule reads se_a: floored as the delta's SE
+    mean_b, se_b, _, _ = gate_mean_se(b, clusters)
     delta, se_p, df, floored = gate_mean_se(d, clusters)
     if floored:
         notes.append(f"the cluster-robust SE of the difference is below the item-level SE ({len(set(pm.clusters))} "

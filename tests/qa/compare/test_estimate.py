@@ -80,6 +80,7 @@ def test_two_sessions_losing_one_turn_each_get_a_nonzero_se_not_a_zero_width_ci(
     assert e.ci_method == "cluster_cr1_t" and e.df == 1 and e.se_paired == pytest.approx(stats.sem(d))
     assert (e.ci90.lower, e.ci90.upper) == pytest.approx((-0.125 - half, -0.125 + half))
     assert any("below the item-level SE" in n for n in e.notes)
+    assert e.se_baseline == pytest.approx(stats.sem(a))  # the k-SE rule's basis: CR1 is 0 here too
 
 
 def test_binary_few_discordant_uses_tango() -> None:
