@@ -57,7 +57,7 @@ def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec) -> KVProvenance:
     from quant.formats import get_format  # torch: the formats are torch code
     from quant.scales import scales_paths  # torch: the scales module is torch code
 
-    named = args.scales or kv.scales_file
+    named = args.scales_source
     if named is None:  # static scales handed to the cache in code: nothing on disk to name
         return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="unknown", scales_expected=True)
     scales = read_scales(args)

@@ -89,7 +89,8 @@ def token_stats(base: TokenLogprobs, cand: TokenLogprobs) -> TokenStats:
 def _estimate(
     task: str, metric: DistributionMetric, x: np.ndarray, groups: np.ndarray, chunks: Sequence[tuple[str, int, int]]
 ) -> DistributionEstimate:
-    """Token-weighted mean of x (N,) with CR1 SE over `groups` (N,) ints; per-chunk means."""
+    """Token-weighted mean of x (N,) with CR1 SE over `groups` (N,) ints (never below the token-level SE:
+    qa.stats.basic.gate_mean_se); per-chunk means."""
     value, se, df, _ = gate_mean_se(x, groups)
     se_naive = float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else None
     ci = None

@@ -128,8 +128,7 @@ def check_hf_args(run: ResolvedRun) -> None:
     pending = not all(p.exists() for p in scales_paths(run.rd.scales))
     for arm in run.arms:
         if isinstance(arm.engine_args, HFEngineArgs):
-            kv = arm.engine_args.kv
-            named = arm.engine_args.scales or (kv.scales_file if kv is not None else None)
+            named = arm.engine_args.scales_source
             hf.check_args(arm.engine_args, load_scales=not (pending and named is not None
                                                              and Path(named) == run.rd.scales))
             if arm.model is not None:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 def read_scales(args: HFEngineArgs) -> KVScales | None:
     """The static KV scales the arguments name, `scales` or else the kv spec's `scales_file` (a file pair or
     a model folder), read once per engine; None when they name none; EngineError if unusable."""
-    path = args.scales if args.scales is not None else args.kv.scales_file if args.kv is not None else None
+    path = args.scales_source
     if path is None:
         return None
     from quant.scales import KVScales  # torch: the scales are tensors

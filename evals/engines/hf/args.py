@@ -39,6 +39,13 @@ class HFEngineArgs(BaseModel):
     add_bos_token: bool | None = None  # None: the tokenizer's default, as lm-eval
     trust_remote_code: bool = False  # run the model repo's own Python: only when the spec says so
 
+    @property
+    def scales_source(self) -> Path | None:
+        """Where the static KV scales are read from: `scales`, else the kv spec's `scales_file` (None: neither)."""
+        if self.scales is not None:
+            return self.scales
+        return self.kv.scales_file if self.kv is not None else None
+
     @model_validator(mode="after")
     def _scales_need_static_kv(self) -> HFEngineArgs:
         if self.scales is not None and self.kv is None:
