@@ -33,6 +33,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from evals.engines import base
 from evals.engines.base import Engine, PrefixCacheControl, PrefixCacheStats
 from evals.errors import EngineError, EvalError
+from evals.progress import settings_from_env, task_progress
 from evals.reasoning import is_truncated, split_reasoning, think_tags
 from evals.records import RecordWriter, SampleRecord, TokenLogprobs, first_non_finite, sha256_text
 from evals.reference import record_fields
@@ -250,9 +252,10 @@ def run_sessions(engine: Engine, task: SessionTask, *, arm: str, out_path: Path,
     for t in turns.values():
         by_session.setdefault(t.item.doc["session"], {}).setdefault(t.item.doc["path"], []).append(t)
     written = errors = tokens = 0
-    with RecordWriter(out_path) as writer:
+    with RecordWriter(out_path) as writer, ExitStack() as shown:
         done = {key for key, _ in writer.done}
         skipped = len(done & set(turns))
+        bar = shown.enter_context(task_progress(f"{arm}/{task.name}", len(turns) - skipped, settings_from_env()))
 
         def write(turn: _Turn, answer: tuple[Any, Any, Meta], extra: Meta) -> None:
             nonlocal written, errors, tokens
@@ -262,6 +265,7 @@ def run_sessions(engine: Engine, task: SessionTask, *, arm: str, out_path: Path,
             writer.write(rec)
             done.add(turn.item.item_id)
             written, errors, tokens = written + 1, errors + (rec.error is not None), tokens + (rec.output_tokens or 0)
+            bar.advance(1)
 
         for session, paths in by_session.items():
             for t in paths.get("cold", []):

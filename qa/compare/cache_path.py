@@ -12,7 +12,8 @@ offset into the completion, KL(cold || warm) per token on the continuation (`qa.
 session), score flips, the prefix-cache hit rate the engine reported (cached / prompt tokens), per turn
 depth. Across arms: the candidate's warm-vs-cold KL minus the baseline's (CR1 by session), the
 excess-flip sign test (`qa.compare.estimate.flip_excess`, the baseline's warm-vs-cold flips as the floor),
-and accuracy of the candidate's warm path against the baseline's cold path (`qa.compare.estimate`).
+and accuracy and the reference-answer signal of the candidate's warm path against the baseline's cold path
+(`qa.compare.estimate`, `qa.compare.reference`).
 The standard per-task estimates of such a task use the cold path only (`standard_records`; the warm path of
 a task served warm only). A task served on one path only has no cache-path estimate.
 """
@@ -30,6 +31,7 @@ from qa.compare.distribution import distribution_estimates, token_stats
 from qa.compare.estimate import estimate, flip_excess
 from qa.compare.generation import rate_interval
 from qa.compare.pairing import PairedTask, pair_records, paired_metric, score_keys
+from qa.compare.reference import reference_estimate
 from qa.errors import PairingError
 from qa.files.comparison import (
     AgreementShare,
@@ -42,6 +44,7 @@ from qa.files.comparison import (
     Estimate,
     ExcessFlips,
     Flips,
+    ReferenceEstimate,
     StatsSettings,
 )
 from qa.stats.basic import cluster_mean_se, flips, gate_mean_se, t_interval
@@ -257,10 +260,22 @@ def _rekeyed(records: Iterable[SampleRecord]) -> list[SampleRecord]:
     return [r.model_copy(update={"item_id": r.item_id.rsplit("/", 1)[0]}) for r in records]
 
 
+def _warm_vs_cold(base: Paths, cand: Paths, units: list[Unit]) -> list[PairedTask]:
+    """The candidate's warm path paired with the baseline's cold path, unit by unit (what users get vs the baseline)."""
+    return pair_records(_rekeyed(base["cold"][u] for u in units), _rekeyed(cand["warm"][u] for u in units))
+
+
 def warm_accuracy(base: Paths, cand: Paths, units: list[Unit], settings: StatsSettings) -> list[Estimate]:
     """Per "metric,filter": the candidate's warm path against the baseline's cold path, the usual estimate."""
-    pts = pair_records(_rekeyed(base["cold"][u] for u in units), _rekeyed(cand["warm"][u] for u in units))
+    pts = _warm_vs_cold(base, cand, units)
     return [estimate(paired_metric(pt, key), settings) for pt in pts for key in score_keys(pt)]
+
+
+def warm_reference(base: Paths, cand: Paths, units: list[Unit]) -> ReferenceEstimate | None:
+    """The reference-answer signal (qa.compare.reference) of the candidate's warm path against the baseline's
+    cold path, on each turn's teacher-forced reference answer; None when no record carries one."""
+    pts = _warm_vs_cold(base, cand, units)
+    return reference_estimate(pts[0]) if pts else None
 
 
 def cache_path_estimates(baseline: Sequence[SampleRecord], candidate: Sequence[SampleRecord],
@@ -288,7 +303,7 @@ def cache_path_estimates(baseline: Sequence[SampleRecord], candidate: Sequence[S
         excess = {k: e for k in keys if (e := excess_cache_flips(base, cand, units, k)) is not None}
         out.append(CachePathEstimate(task=task, baseline=arm_b, candidate=arm_c, kld=kl_delta(base, cand, units),
                                      excess_flips=excess, accuracy=warm_accuracy(base, cand, units, settings),
-                                     notes=[NOTE]))
+                                     warm_reference=warm_reference(base, cand, units), notes=[NOTE]))
     return out
 
 

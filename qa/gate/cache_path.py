@@ -1,8 +1,16 @@
-"""The cache-path rules of a sessions task (comparison.json `cache_path`, qa.compare.cache_path): is the
-candidate's warm path (served from its prefix cache) as close to its cold path as the baseline's is?
+"""The cache-path rules of a sessions task (comparison.json `cache_path`, qa.compare.cache_path): the
+candidate's warm path (served from its prefix cache), as users get it, against the baseline; and how far
+each arm's warm path drifts from its own cold path.
 
-Four rules, each a RuleResult on the task's verdict; with `gate_cache_path` (the default) they decide
-together with the task's own (cold-path) rules, else they are only reported:
+Four rules, each a RuleResult on the task's verdict. With `gate_cache_path` (the default) they join the
+task's own (cold-path) rules; which of them decide is the policy's `cache_gate`:
+
+- "warm_path" (the default): cache_accuracy decides, the drift rules (hit rate, excess flips, KL) are
+  reported beside it. The candidate's warm path is held to the bar its cold path is held to, at the
+  task's margin: a warm path that drifts from its cold path within that margin is what users get and
+  is no worse for it.
+- "drift": all four decide. Right when the release changes only the cache path (a new prefix cache, a
+  replay, a different block size on the same format): then any excess drift is the change under test.
 
 - cache_hit_rate: the candidate's warm path must have read prompt tokens from its prefix cache. A
   measured hit rate of 0, or an engine that does not say, is "no information" (inconclusive), never a
@@ -13,6 +21,10 @@ together with the task's own (cold-path) rules, else they are only reported:
   minus the baseline's (CR1 by session) must lie below +cache_kl_margin; fail when wholly above it.
 - cache_accuracy: the candidate's warm path against the baseline's cold path, decided by the task's
   own rules (non-inferiority at `margin`, power, no information) exactly like any task.
+- cache_reference_logprob, cache_reference_kl: the reference-answer rules (qa.gate.reference, at the task's
+  reference margins) on the candidate's warm path against the baseline's cold path; they decide where the
+  task's reference rules would (`reference_gate`: always, or when the warm path's accuracy carries no
+  information, in which case they decide instead of cache_accuracy).
 """
 
 from __future__ import annotations
@@ -22,10 +34,17 @@ from collections.abc import Callable
 from qa.files.comparison import CacheArm, CacheKLDelta, CachePathEstimate, Comparison, Estimate, ExcessFlips
 from qa.files.policy import TaskPolicy
 from qa.files.verdict import Kind, RuleResult, TaskVerdict
+from qa.gate.reference import kl_rule as reference_kl_rule
+from qa.gate.reference import logprob_rule as reference_logprob_rule
 from qa.stats.basic import t_interval
 from qa.textfmt import ci_text, percent
 
 DecideTask = Callable[[Estimate, TaskPolicy, str], TaskVerdict]  # qa.gate.rules.decide_task
+
+
+def drift_decides(tp: TaskPolicy) -> bool:
+    """Whether the warm/cold drift rules (hit rate, excess flips, KL) decide, not only report."""
+    return tp.gate_cache_path and tp.cache_gate == "drift"
 
 
 def _tokens(arm: CacheArm) -> str:
@@ -37,7 +56,7 @@ def _tokens(arm: CacheArm) -> str:
 def hit_rate_rule(cp: CachePathEstimate, tp: TaskPolicy) -> RuleResult:
     """Pass iff the candidate's warm path read a non-zero share of its prompt tokens from the prefix cache."""
     c = cp.candidate
-    common = {"rule": "cache_hit_rate", "decides": tp.gate_cache_path}
+    common = {"rule": "cache_hit_rate", "decides": drift_decides(tp)}
     rates = f"warm-path hit rate: candidate {_tokens(c)}, baseline {_tokens(cp.baseline)}"
     if c.hit_rate is None:
         return RuleResult(**common, status="inconclusive",
@@ -55,7 +74,7 @@ def flips_rule(ex: ExcessFlips | None, tp: TaskPolicy) -> RuleResult | None:
     counts = (f"{ex.flips_candidate} candidate vs {ex.flips_rerun} baseline warm-vs-cold flips of {ex.n} turns "
               f"({ex.only_candidate} only in the candidate, {ex.only_rerun} only in the baseline), "
               f"sign test p = {ex.p_excess:.3g}")
-    common = {"rule": "cache_flips", "decides": tp.gate_cache_path}
+    common = {"rule": "cache_flips", "decides": drift_decides(tp)}
     if ex.p_excess < tp.alpha:
         return RuleResult(**common, status="fail", detail=f"the warm path flips more answers: {counts} < {tp.alpha:g}")
     return RuleResult(**common, status="pass", detail=f"no excess flips: {counts}")
@@ -66,7 +85,7 @@ def kl_rule(kl: CacheKLDelta | None, tp: TaskPolicy) -> RuleResult | None:
     if kl is None:
         return None
     level, m = 1 - 2 * tp.alpha, tp.cache_kl_margin
-    common = {"rule": "cache_kl", "decides": tp.gate_cache_path, "ci_level": level, "ci_method": "cluster_cr1_t",
+    common = {"rule": "cache_kl", "decides": drift_decides(tp), "ci_level": level, "ci_method": "cluster_cr1_t",
               "margin": m}
     what = (f"KL(cold || warm) candidate {kl.mean_candidate:.4g} - baseline {kl.mean_baseline:.4g} = "
             f"{kl.delta:+.4g} nats/token over {kl.n} turns")
@@ -104,6 +123,20 @@ def accuracy_rule(cp: CachePathEstimate, tp: TaskPolicy, metric_key: str,
     return rule, tv.kind
 
 
+def warm_reference_rules(cp: CachePathEstimate, tp: TaskPolicy, no_information: bool) -> list[RuleResult]:
+    """The reference-answer rules on the candidate's warm path vs the baseline's cold path (none without a
+    reference), deciding as the task's reference rules do (`reference_gate`) when the cache path decides."""
+    ref = cp.warm_reference
+    if ref is None or ref.n == 0:
+        return []
+    decides = tp.gate_cache_path and (tp.reference_gate == "always"
+                                      or (tp.reference_gate == "when_no_information" and no_information))
+    pairs = (("cache_reference_logprob", reference_logprob_rule(ref, tp, decides)),
+             ("cache_reference_kl", reference_kl_rule(ref, tp, decides)))
+    return [r.model_copy(update={"rule": name, "detail": f"candidate warm path vs baseline cold path: {r.detail}"})
+            for name, r in pairs]
+
+
 def cache_rules(cp: CachePathEstimate, tp: TaskPolicy, metric_key: str,
                 decide_task: DecideTask) -> list[tuple[RuleResult, Kind]]:
     """Every cache-path rule that applies, each with the verdict kind it gives when it decides the task."""
@@ -114,8 +147,13 @@ def cache_rules(cp: CachePathEstimate, tp: TaskPolicy, metric_key: str,
         if rule is not None:
             out.append((rule, "undefined" if rule.status == "inconclusive" and rule.ci is None else "decided"))
     acc = accuracy_rule(cp, tp, metric_key, decide_task)
+    no_information = acc is not None and acc[1] == "no_information"
+    refs = warm_reference_rules(cp, tp, no_information)
     if acc is not None:
+        if no_information and any(r.decides for r in refs):  # the reference answers decide instead
+            acc = (acc[0].model_copy(update={"decides": False}), acc[1])
         out.append(acc)
+    out += [(r, "decided" if r.status != "inconclusive" else "undefined") for r in refs]
     return out
 
 
@@ -127,9 +165,12 @@ def _warnings(cp: CachePathEstimate, rules: list[RuleResult], tp: TaskPolicy) ->
         if arm.cold_hit_rate:
             out.append(f"{arm.arm}'s cold path read {percent(arm.cold_hit_rate)} of its prompt tokens from the "
                        "prefix cache: the cold reset did not work")
-    if not tp.gate_cache_path:
-        out += [f"the {r.rule} rule would fail this task ({r.detail}); gate_cache_path = false"
-                for r in rules if r.status == "fail"]
+    if cp.candidate.hit_rate == 0 and not drift_decides(tp):
+        out.append("the candidate's warm path never hit its prefix cache: it was a cold path, and its gate says "
+                   "nothing about the cache")
+    why = "gate_cache_path = false" if not tp.gate_cache_path else "cache_gate = warm_path reports the drift"
+    out += [f"the {r.rule} rule would fail this task ({r.detail}); {why}"
+            for r in rules if r.status == "fail" and not r.decides]
     return out
 
 

@@ -6,7 +6,9 @@ and the gate's cache-path rules (qa.gate.cache_path)."""
 
 from __future__ import annotations
 
+import tomllib
 from html import escape
+from typing import Any
 
 from qa.files.comparison import AgreementShare, CacheArm, CachePathEstimate, CacheTurn, Flips, Interval
 from qa.files.verdict import TaskVerdict
@@ -96,6 +98,30 @@ def comparison_lines(cp: CachePathEstimate, tv: TaskVerdict | None) -> list[str]
     return out + cp.notes
 
 
+REPLAY_LABEL = ("vLLM's bounded replay (built for DeepSeek-V4.1's sliding-window layers) applied to a model vLLM "
+                "does not replay")  # vLLM 0.32 replays only DeepSeek-V4.1's SWA groups; the emulator has no such model
+
+
+def replayed_arms(spec_text: str | None) -> dict[str, int]:
+    """{arm: replay window} of the run's hf arms whose emulated prefix cache replays (none when unreadable)."""
+    try:
+        arms = tomllib.loads(spec_text or "").get("arms", {})
+    except tomllib.TOMLDecodeError:
+        return {}
+    out = {}
+    for name, arm in arms.items() if isinstance(arms, dict) else ():
+        prefix: Any = ((arm.get("engine_args") or {}).get("kv") or {}).get("prefix_cache") or {}
+        window = prefix.get("replay_window", 0) if isinstance(prefix, dict) else 0
+        if arm.get("engine") == "hf" and isinstance(window, int) and window > 0:
+            out[name] = window
+    return out
+
+
+def replay_lines(spec_text: str | None) -> list[str]:
+    """One line per replaying hf arm: the label that says what its warm path stands for."""
+    return [f"Arm {arm}: replay window {w}: {REPLAY_LABEL}" for arm, w in replayed_arms(spec_text).items()]
+
+
 def _tables(cp: CachePathEstimate) -> tuple[list[list[str]], list[list[str]]]:
     arms = [cp.baseline, cp.candidate]
     turns = sorted(((t, a.arm) for a in arms for t in a.per_turn), key=lambda x: (x[0].turn, arms[0].arm != x[1]))
@@ -120,7 +146,7 @@ def markdown_section(inp: ReportInputs) -> list[str]:
         arm_rows, turn_rows = _tables(cp)
         lines += ["", f"### {md_cell(cp.task)}", ""] + _md_table(ARM_HEADERS, arm_rows)
         lines += ["", "Per turn depth:", ""] + _md_table(TURN_HEADERS, turn_rows) + [""]
-        lines += [f"- {md_cell(x)}" for x in comparison_lines(cp, _verdict(inp, cp.task))]
+        lines += [f"- {md_cell(x)}" for x in comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.spec_text)]
     return lines
 
 
@@ -139,5 +165,6 @@ def html_section(inp: ReportInputs) -> str:
         arm_rows, turn_rows = _tables(cp)
         out += [f"<h3>{escape(cp.task)}</h3>", _html_table(ARM_HEADERS, arm_rows), "<p>Per turn depth:</p>",
                 _html_table(TURN_HEADERS, turn_rows), "<ul>"]
-        out += [f"<li>{escape(x)}</li>" for x in comparison_lines(cp, _verdict(inp, cp.task))] + ["</ul>"]
+        lines = comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.spec_text)
+        out += [f"<li>{escape(x)}</li>" for x in lines] + ["</ul>"]
     return "".join(out)

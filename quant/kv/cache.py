@@ -35,7 +35,7 @@ from quant.kv.shape import RECURRENT_LAYER_TYPES, SLIDING_LAYER_TYPES, ModelKVSh
 from quant.kv.stream import StreamPlan
 from quant.kv_profiles import get_profile, profile_format
 from quant.kv_spec import KVKind, KVQuantSpec
-from quant.scales import KVScales
+from quant.scales import KVScales, load_spec_scales
 
 # formats with one scale per (token, head) row: an MLA entry [kv_c | k_pe] is one row, with one scale, where
 # the emulator's two streams would have two (block formats keep blocks inside kv_c or k_pe: widths % block)
@@ -143,11 +143,11 @@ def _checked_scales(spec: KVQuantSpec, scales: KVScales | None, num_layers: int,
             )
         return None
     if scales is None:
-        if spec.scales_file is None:
+        scales = load_spec_scales(spec)  # a file pair, or a folder read for the spec's format
+        if scales is None:
             raise QuantError(
                 "scales = 'static' needs calibrated scales: set scales_file (made by `qa calibrate`)"
             )
-        scales = KVScales.load(spec.scales_file)
     if scales.num_layers != num_layers:
         raise QuantError(
             f"the scales file covers {scales.num_layers} layers, the model has {num_layers}; "
@@ -182,6 +182,7 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
     recent_fmt = profile_format(None, spec.recent_format) if spec.recent_window else None
     if recent_fmt is not None:
         _check_format_fits(recent_fmt, shape, "recent_format")
+    prefix_cache = spec.prefix_cache is not None and spec.prefix_cache.enabled  # its hits crop caches exactly
     layers: list[Any] = []
     for i, (layer_type, window) in enumerate(zip(shape.layer_types, shape.sliding_windows)):
         if layer_type in RECURRENT_LAYER_TYPES:
@@ -204,6 +205,7 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
                 ),
                 dynamic=spec.scales == "dynamic",
                 faults=fault_hooks(spec, i, kind, fmt.name, layer_recent.name if layer_recent else None),
+                rollback=prefix_cache,
             )
             for kind in kinds
         )

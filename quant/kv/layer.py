@@ -63,9 +63,9 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
         self.cumulative_length = 0
         self.padding_mask: torch.Tensor | None = None  # [B, T_first] bool, for dynamic amax only
         self._joint_scales: dict[ScaleSlot, tuple] = {}  # slot -> (K scale, V scale, both stacked)
-        # a recent window cannot be rolled back exactly (tokens it pushed out stay re-quantized), nor can
-        # a sliding window (evicted tokens are gone)
-        self.is_croppable = k_plan.window == 0 and not self.is_sliding
+        # a recent window is rolled back exactly only with its trail (quant.kv.stream), a sliding window
+        # never (evicted tokens are gone)
+        self.is_croppable = (k_plan.window == 0 or k_plan.rollback) and not self.is_sliding
 
     @property
     def format(self) -> str:
@@ -195,6 +195,8 @@ class QuantizedKVLayer(BatchOpsMixin, DynamicLayer):
             for i, s in enumerate((k, v)):
                 s.add_main_chunk(parts[i], new[i], from_recent=True)
         if direct:  # new tokens already older than the window: straight to the main format
+            k.trail_direct(key_states[..., :direct, :])
+            v.trail_direct(value_states[..., :direct, :])
             parts, new = self._quantize_pair(fmt, "scale", x[..., :direct, :])
             k.add_main_chunk(parts[0], new[0])
             v.add_main_chunk(parts[1], new[1])

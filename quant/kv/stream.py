@@ -7,7 +7,12 @@ A stream keeps
 - a dequantized shadow of both (model dtype) in one growable `KVBuffer`: new tokens are written into
   spare capacity, a token leaving the window is overwritten in place, and attention reads a view (no
   per-step concatenation). Dequantization is elementwise per block, so the shadow equals
-  `dequantize(stored bytes)` exactly.
+  `dequantize(stored bytes)` exactly;
+- with `plan.rollback` (a prefix cache is on), the *trail*: the recent-format bytes of every main-region
+  token (those it held in the window, or would have held: a token written straight to the main format
+  is quantized to the recent format too), so `drop_latest` restores exactly the regions the stream holds
+  when its writes end at the shorter length: the tokens that are again among the last `window` come
+  back in their recent-format bytes, not re-quantized (a prefix-cache hit inside an entry, a replay).
 
 Faults (`quant.faults.FaultHooks`, None for a clean cache) act on decode scales, on written main-format
 chunks and on what is read back; the stream calls them and holds no fault logic of its own.
@@ -62,6 +67,7 @@ class StreamPlan:
     recent_static_scale: torch.Tensor | None
     dynamic: bool  # scales from the first write, per sequence
     faults: FaultHooks | None = None  # None: a correct cache
+    rollback: bool = False  # keep the trail (recent-format bytes of main tokens) so a crop is exact
 
 
 class Stream:
@@ -75,6 +81,7 @@ class Stream:
         """Drop every stored token; dynamic scales are chosen again at the next write."""
         self.main: list[QuantizedTensor] = []
         self.recent: QuantizedTensor | None = None
+        self.trail: list[QuantizedTensor] = []  # recent-format bytes of the main tokens (rollback only)
         self.shadow = KVBuffer()  # dequantized main tokens, then recent tokens (model dtype)
         self._main_len = 0
         self.scale: torch.Tensor | None = self._static(self.plan.fmt, self.plan.static_scale)
@@ -195,7 +202,26 @@ class Stream:
         assert self.recent is not None and 0 < n <= self.recent_len
         leaving = slice_tokens(self.recent, 0, n)
         self.recent = slice_tokens(self.recent, n, self.recent_len)
+        self._add_trail(leaving)
         return leaving
+
+    @property
+    def keeps_trail(self) -> bool:
+        """Whether main tokens keep their recent-format bytes (rollback with a recent window)."""
+        return self.plan.rollback and self.plan.window > 0
+
+    def _add_trail(self, q: QuantizedTensor) -> None:
+        if self.keeps_trail:
+            self.trail.append(q)
+            if len(self.trail) > CONSOLIDATE_CHUNKS:
+                self.trail = [cat_tokens(self.trail)]
+
+    def trail_direct(self, x: torch.Tensor) -> None:
+        """Keep the recent-format bytes of new tokens x [B, H, n, D] written straight to the main format
+        (what the window holds for them when the writes end within `window` tokens of them)."""
+        if self.keeps_trail:
+            assert self.plan.recent_fmt is not None
+            self._add_trail(self.plan.recent_fmt.quantize(x, self.recent_scale))
 
     def _append_recent(self, x: torch.Tensor) -> None:
         fmt = self.plan.recent_fmt
@@ -223,6 +249,7 @@ class Stream:
             leaving = self.take_oldest_recent(move)
             self._append_main(self.dequantize(self.plan.recent_fmt, leaving, torch.float32), from_recent=True)
         if direct:  # new tokens already older than the window: straight to the main format
+            self.trail_direct(x[..., :direct, :])
             self._append_main(x[..., :direct, :].contiguous())
         if n - direct or not self.allocated:
             self._append_recent(x[..., direct:, :].contiguous())
@@ -231,6 +258,8 @@ class Stream:
     def _consolidate(self) -> None:
         if len(self.main) > 1:
             self.main = [cat_tokens(self.main)]
+        if len(self.trail) > 1:
+            self.trail = [cat_tokens(self.trail)]
 
     def drop_oldest(self, n: int) -> None:
         """Forget the n oldest stored tokens (sliding-window eviction)."""
@@ -238,6 +267,8 @@ class Stream:
         if from_main:
             self._consolidate()
             self.main = [slice_tokens(self.main[0], from_main, self.main_len)]
+            if self.trail:
+                self.trail = [slice_tokens(self.trail[0], from_main, self.main_len)]
         rest = n - from_main
         if rest:
             assert self.recent is not None
@@ -246,7 +277,11 @@ class Stream:
         self.shadow.drop_oldest(n)
 
     def drop_latest(self, n: int) -> None:
-        """Forget the n newest stored tokens (crop)."""
+        """Forget the n newest stored tokens (crop); with a trail, the tokens that are again among the
+        last `window` return to the recent region in their recent-format bytes (module docstring)."""
+        if self.keeps_trail and n:
+            self._roll_back(len(self) - n)
+            return
         from_recent = min(n, self.recent_len)
         if from_recent:
             assert self.recent is not None
@@ -258,6 +293,27 @@ class Stream:
             self._main_len -= rest
         self.shadow.drop_latest(n)
 
+    def _roll_back(self, m: int) -> None:
+        """Keep the oldest m tokens as a stream whose writes ended at m holds them: main [0, m - window),
+        recent (from the trail and the recent region) the rest."""
+        recent_fmt = self.plan.recent_fmt
+        assert recent_fmt is not None and 0 <= m <= len(self)
+        self._consolidate()
+        main_len = max(0, m - self.plan.window)  # <= self.main_len: the recent region holds <= window
+        parts = []
+        if main_len < self.main_len:
+            assert self.trail and self.trail[0].shape[-2] == self.main_len, "the trail covers the main region"
+            back = slice_tokens(self.trail[0], main_len, min(m, self.main_len))
+            parts.append(back)
+            self.shadow.overwrite(main_len, self.dequantize(recent_fmt, back, self.dtype))  # type: ignore[arg-type]
+        if m > self.main_len and self.recent is not None:
+            parts.append(slice_tokens(self.recent, 0, m - self.main_len))
+        self.recent = cat_tokens(parts) if parts else None
+        self.main = [slice_tokens(self.main[0], 0, main_len)] if main_len else []
+        self.trail = [slice_tokens(self.trail[0], 0, main_len)] if main_len else []
+        self._main_len = main_len
+        self.shadow.drop_latest(len(self) - m)
+
     # ---- batch ----
     def map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Apply a batch-dim operation (select, repeat, reorder) to every stored tensor and per-row scale."""
@@ -265,6 +321,7 @@ class Stream:
             self.scale = fn(self.scale) if self.scale is not None else None
             self.recent_scale = fn(self.recent_scale) if self.recent_scale is not None else None
         self.main = [map_rows(q, fn, self.scale) for q in self.main]
+        self.trail = [map_rows(q, fn, self.recent_scale) for q in self.trail]
         self.recent = map_rows(self.recent, fn, self.recent_scale) if self.recent is not None else None
         self.shadow.map_batch(fn)
 
@@ -285,6 +342,9 @@ class Stream:
             self.recent = q if self.recent is None else cat_tokens([q, self.recent])
         if to_main:
             self.main.insert(0, repeat_token(self.plan.fmt.quantize(zero, self.scale), to_main))
+            if self.keeps_trail:
+                assert self.plan.recent_fmt is not None
+                self.trail.insert(0, repeat_token(self.plan.recent_fmt.quantize(zero, self.recent_scale), to_main))
             self._main_len += to_main
         self.shadow.pad_left(n)
 
@@ -303,6 +363,8 @@ class Stream:
             self.recent_scale = scale_with_row(self.recent_scale, row, other.recent_scale)
         if self.main:
             self.main[0] = set_row(self.main[0], row, other.main[0], self.scale)
+        if self.trail and other.trail:
+            self.trail[0] = set_row(self.trail[0], row, other.trail[0], self.recent_scale)
         if self.recent is not None and other.recent is not None:
             self.recent = set_row(self.recent, row, other.recent, self.recent_scale)
         self.shadow.set_row(row, other.shadow)
@@ -324,6 +386,8 @@ class Stream:
             out.recent_scale = cat_scale_rows([s.recent_scale for s in streams])
         if first.main:
             out.main = [stack_rows([s.main[0] for s in streams], out.scale)]
+        if first.trail:
+            out.trail = [stack_rows([s.trail[0] for s in streams], out.recent_scale)]
         if first.recent is not None:
             out.recent = stack_rows([s.recent for s in streams], out.recent_scale)  # type: ignore[misc]
         out.shadow = KVBuffer.stack([s.shadow for s in streams])

@@ -35,8 +35,9 @@ def read_scales(args: HFEngineArgs) -> KVScales | None:
         return None
     from quant.scales import KVScales  # torch: the scales are tensors
 
-    try:
-        return KVScales.load(path)
+    kv = args.kv  # never None here: scales need a kv spec (HFEngineArgs' validator)
+    try:  # a model folder is resolved for the spec's format (quant.folder_scales.resolve_folder_scales)
+        return KVScales.load(path, kv_format=kv.format if kv else None, take_as_is=bool(kv and kv.scales_as_is))
     except QuantError as exc:
         raise EngineError(f"hf engine: {exc}") from None
 

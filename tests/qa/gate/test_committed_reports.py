@@ -1,7 +1,8 @@
 """Every run folder committed under reports/ re-gates, from its comparison.json alone (schema 1 files
 are migrated on load), to the status its verdict.json records under the same policy. A several-candidate
 run's root holds a run-level verdict (RunVerdict): each of its candidates/<name>/ folders is re-gated as
-a run folder, and the root must record exactly those candidates' statuses."""
+a run folder, and the root must record exactly those candidates' statuses. Withdrawn runs
+(reports/withdrawn/, reports/WITHDRAWN.md) are not re-gated."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from qa.files.rundir import RunDir
 from qa.gate.rules import apply_rules
 
 REPORTS = Path(__file__).resolve().parents[3] / "reports"
-FOLDERS = sorted(p.parent for p in REPORTS.glob("**/verdict.json") if "runs" not in p.parts)
+FOLDERS = sorted(p.parent for p in REPORTS.glob("**/verdict.json")
+                 if "runs" not in p.parts and "withdrawn" not in p.parts)  # reports/WITHDRAWN.md
 SEVERAL = [f for f in FOLDERS if (f / "candidates").is_dir()]  # several-candidate run roots
 RUNS = [f for f in FOLDERS if f not in SEVERAL]
 

@@ -53,10 +53,11 @@ def test_the_cli_refuses_a_bad_option_in_one_line_with_exit_2(tmp_path: Path) ->
 
 
 def test_a_replay_window_larger_than_the_models_sliding_window_is_refused_by_the_dry_run(tmp_path: Path) -> None:
-    """The model's config decides (no weights loaded): a tiny Gemma-3 with a sliding window of 6."""
+    """The model's config decides (no weights loaded): a tiny Gemma-3 with a sliding window of 6 (and a context
+    window that holds the 1K ruler items: every item is checked against it before any arm starts)."""
     from tests.tiny_models import tiny_gemma3, tiny_tokenizer
 
-    tiny_gemma3().save_pretrained(tmp_path / "gemma")
+    tiny_gemma3(max_position_embeddings=8192).save_pretrained(tmp_path / "gemma")
     tiny_tokenizer().save_pretrained(tmp_path / "gemma")
     head = HEAD.replace('"smollm2-135m"', f'"{tmp_path / "gemma"}"')
     kv = '[arms.candidate.engine_args.kv]\nformat = "nvfp4"\nprefix_cache = { block = 2, replay_window = REPLAY }\n'
@@ -70,3 +71,19 @@ def test_a_replay_window_larger_than_the_models_sliding_window_is_refused_by_the
     lines = [ln for ln in out.stderr.splitlines() if "replay_window 7" in ln]
     assert len(lines) == 1 and "larger than the model's sliding window (6 positions)" in lines[0]
     assert "Traceback" not in out.stderr
+
+
+def test_bounded_replay_on_the_packaged_smollm2_is_refused_by_the_dry_run_in_one_line(tmp_path: Path) -> None:
+    """SmolLM2-135M (the packaged model) has no sliding-window layer: a replay would recompute positions whose
+    every input is cached, and vLLM replays only sliding-window KV groups (evals.engines.hf.fit)."""
+    kv = ('[arms.candidate.engine_args.kv]\nformat = "nvfp4"\nrecent_window = 128\n'
+          'prefix_cache = { block = 64, replay_window = 128 }\n')
+    spec = tmp_path / "spec.toml"
+    spec.write_text(HEAD + kv + AGENTIC)
+    out = subprocess.run([sys.executable, "-m", "qa.cli", "run", str(spec), "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, check=False, env={**os.environ, "QA_DATA_DIR": str(shared_data_dir())})
+    assert out.returncode == 2, out.stderr[-2000:]
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in out.stderr
+    assert "prefix_cache.replay_window 128 needs a model with sliding-window layers, and this one has none" in errors[0]
+    assert "set replay_window = 0" in errors[0]

@@ -43,7 +43,8 @@ def test_cache_path_section_in_markdown_and_html(tmp_path: Path) -> None:
     assert [r.split(" | ")[1] for r in turn_rows] == ["baseline", "candidate", "baseline", "candidate"]
     assert any(r.startswith("| 2 | candidate | 6 | 60.0% | 6/6 (100.0%") for r in turn_rows)
     assert "Excess flips (exact_match,none): 6 candidate vs 0 baseline" in md
-    assert "Gate cache_flips (decides): fail" in md and "Gate cache_hit_rate (decides): pass" in md
+    assert "Gate cache_flips (reported): fail" in md and "Gate cache_hit_rate (reported): pass" in md
+    assert "Gate cache_accuracy (decides)" in md
     assert "candidate warm path vs baseline cold path" in md
     assert "&lt;b&gt;" not in page.split("<h2>Cache path</h2>")[1].split("<h2>")[0]  # completions not shown here
     assert "<script" not in page
@@ -52,7 +53,7 @@ def test_cache_path_section_in_markdown_and_html(tmp_path: Path) -> None:
 def test_a_warm_path_without_hits_reads_no_information(tmp_path: Path) -> None:
     md = render(_run(tmp_path, sessions_arm("baseline"), sessions_arm("candidate", cached=None))).markdown.read_text()
     assert "| candidate | not reported |" in md
-    assert "Gate cache_hit_rate (decides): inconclusive: no information" in md
+    assert "Gate cache_hit_rate (reported): inconclusive: no information" in md
 
 
 def test_no_section_without_a_sessions_task(tmp_path: Path) -> None:
@@ -60,3 +61,19 @@ def test_no_section_without_a_sessions_task(tmp_path: Path) -> None:
     cand = [r.model_copy(update={"arm": "candidate"}) for r in plain]
     paths = render(_run(tmp_path, plain, cand))
     assert "Cache path" not in paths.markdown.read_text() and "Cache path" not in paths.html.read_text()
+
+
+def test_a_replaying_hf_arm_is_labelled_as_vllms_replay_on_a_model_vllm_does_not_replay(tmp_path: Path) -> None:
+    run = _run(tmp_path, sessions_arm("baseline"), sessions_arm("candidate"))
+    (run / "spec.toml").write_text(
+        'name = "x"\nmodel = "gemma3-270m"\n[arms.baseline]\nengine = "hf"\n'
+        'engine_args = { kv = { format = "none", prefix_cache = { enabled = true } } }\n'
+        '[arms.candidate]\nengine = "hf"\n'
+        'engine_args = { kv = { format = "nvfp4", prefix_cache = { enabled = true, replay_window = 128 } } }\n'
+        '[[tasks]]\nname = "sessions"\n')
+    paths = render(run)
+    label = ("Arm candidate: replay window 128: vLLM's bounded replay (built for DeepSeek-V4.1's sliding-window "
+             "layers) applied to a model vLLM does not replay")
+    assert label in paths.markdown.read_text()
+    assert "Arm baseline" not in paths.markdown.read_text()
+    assert "vLLM&#x27;s bounded replay (built for DeepSeek-V4.1" in paths.html.read_text()

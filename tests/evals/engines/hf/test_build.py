@@ -76,7 +76,7 @@ def test_a_kv_specs_scales_file_is_read_once_per_engine_not_per_cache(tmp_path: 
     KVScales(k_amax=amax, v_amax=amax.clone(), k_scale=amax / 448, v_scale=amax / 448, meta=meta).save(tmp_path / "kv")
     loads: list[Path] = []
     real = KVScales.load.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(KVScales, "load", classmethod(lambda cls, path: loads.append(path) or real(cls, path)))
+    monkeypatch.setattr(KVScales, "load", classmethod(lambda cls, path, **kw: loads.append(path) or real(cls, path, **kw)))
     folder = save_tiny(tmp_path / "model")
     args = parse_args({"kv": {"format": "fp8_e4m3", "scales": "static", "scales_file": str(tmp_path / "kv")}})
     engine = build(ResolvedModel(name="tiny", path=folder, hub_id=None, file_hash=None), args)

@@ -38,13 +38,19 @@ def test_a_replay_window_up_to_the_sliding_window_fits_and_one_more_is_refused()
 
 def test_windows_that_do_not_fit_the_context_are_refused() -> None:
     config = tiny_llama_config(max_position_embeddings=64)
-    check_config_fit(config, args(replay_window=32))  # no sliding layer: any window below the context
     with pytest.raises(EngineError, match="replay_window 64 is larger than the model context"):
         check_config_fit(config, args(replay_window=64))
     with pytest.raises(EngineError, match="block 64 is not smaller than the model context"):
         check_config_fit(config, HFEngineArgs.model_validate({"kv": {"format": "none", "prefix_cache": {"block": 64}}}))
     check_config_fit(config, HFEngineArgs.model_validate({"max_length": 128, "kv": {
         "format": "none", "prefix_cache": {"block": 64}}}))  # the arm's own max_length decides
+
+
+def test_a_replay_on_a_model_without_sliding_layers_is_refused_in_one_line() -> None:
+    with pytest.raises(EngineError, match="replay_window 8 needs a model with sliding-window layers") as info:
+        check_config_fit(tiny_llama_config(), args(replay_window=8))
+    assert "\n" not in str(info.value)
+    check_config_fit(tiny_llama_config(), args())  # no replay: the prefix cache runs
 
 
 def test_a_hybrid_model_runs_the_cache_but_not_the_prefix_cache() -> None:

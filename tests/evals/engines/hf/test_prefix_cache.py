@@ -1,7 +1,8 @@
 """The hf engine's prefix cache: block-aligned hits counted per request and in total, the served KV
 kept as the cache held it (NVFP4 bytes included), the LRU token budget, and the bad inputs. The
-warm == cold fact (format none, replay off, and replay of whole blocks) is checked on the tiny model and
-(replay off) on SmolLM2-135M. Models with sliding-window layers: test_swa_replay.py."""
+warm == cold fact (format none, passes of one block) is checked on the tiny model and on SmolLM2-135M;
+the sweep over windows, blocks and replays: test_cache_path_sweep.py. Models with sliding-window
+layers: test_swa_replay.py."""
 
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ PROMPT = "The quick brown fox jumps over the lazy dog. Question: what is 2 + 3? 
 MORE = " 5.\n\nOnce upon a time there was a small town by the river, and the people"
 
 
-def cached_engine(**prefix_cache: object):  # -> HFEngine
-    return tiny_engine({"kv": {"format": "none", "prefix_cache": {"block": BLOCK, **prefix_cache}}})
+def cached_engine(**prefix_cache: object):  # -> HFEngine, prefilling in passes of one block
+    return tiny_engine({"prefill_chunk": BLOCK, "kv": {"format": "none", "prefix_cache": {"block": BLOCK,
+                                                                                      **prefix_cache}}})
 
 
 def test_bounds_and_common_prefix() -> None:
     assert chunk_bounds(0, 20, 8) == [(0, 8), (8, 16), (16, 20)]
     assert chunk_bounds(16, 20, 8) == [(16, 20)]
-    assert chunk_bounds(6, 30, 8) == [(6, 8), (8, 16), (16, 24), (24, 30)]  # a replay from 6: cold shapes after 8
+    assert chunk_bounds(6, 30, 8) == [(6, 14), (14, 22), (22, 30)]  # passes count from the first uncached
+    assert chunk_bounds(0, 30, 2048, (24,)) == [(0, 24), (24, 30)]  # one pass, split where an entry is copied
+    assert chunk_bounds(18, 30, 2048, (24, 24)) == [(18, 24), (24, 30)]
     assert common_prefix((1, 2, 3, 4), [1, 2, 9], 10) == 2
     assert common_prefix((1, 2, 3), [1, 2, 3, 4], 2) == 2
 
@@ -92,12 +96,10 @@ def test_requests_of_one_call_hit_each_other_in_request_order() -> None:
     assert [r.cached_tokens for r in out] == [0, len(engine.hf.tokens.encode(PROMPT)) // BLOCK * BLOCK]
 
 
-def test_replay_recomputes_the_last_positions_of_a_hit() -> None:
-    engine = cached_engine(replay_window=BLOCK + 3)
-    engine.generate([GenerateRequest(prompt=PROMPT, max_tokens=3)])
-    hit = len(engine.hf.tokens.encode(PROMPT)) // BLOCK * BLOCK
-    warm = engine.generate([GenerateRequest(prompt=PROMPT + MORE, max_tokens=3)])[0]
-    assert isinstance(warm, GenerateResult) and warm.cached_tokens == hit - (BLOCK + 3)
+def test_a_replay_on_a_full_attention_model_is_refused() -> None:
+    with pytest.raises(EngineError, match="needs a model with sliding-window layers") as info:
+        cached_engine(replay_window=BLOCK)
+    assert "\n" not in str(info.value)
 
 
 def test_lru_budget_drops_the_least_recently_used_prompt() -> None:
@@ -110,11 +112,10 @@ def test_lru_budget_drops_the_least_recently_used_prompt() -> None:
     assert list(kept) == engine.hf.tokens.encode(prompts[1])[: len(kept)]
 
 
-@pytest.mark.parametrize("replay", [0, 2 * BLOCK], ids=["replay-off", "replay-of-whole-blocks"])
-def test_format_none_warm_equals_cold_bit_for_bit_on_the_tiny_model(replay: int) -> None:
-    """Without replay a hit reads the cold run's positions; on full-attention layers a replay recomputes
-    [P - W, P) in the cold run's chunk shapes, so with W a multiple of the block it is exact too."""
-    engine = cached_engine(replay_window=replay)
+def test_format_none_warm_equals_cold_bit_for_bit_on_the_tiny_model() -> None:
+    """A hit reads the cold run's positions, and with passes of one block the positions after it run in
+    the cold run's shapes."""
+    engine = cached_engine()
     p2 = PROMPT + MORE
     gen = GenerateRequest(prompt=p2, max_tokens=6)
     tf = TokenLogprobsRequest(text=" and the bread", context=p2, top_k=5)
@@ -131,7 +132,8 @@ def test_format_none_warm_equals_cold_bit_for_bit_on_the_tiny_model(replay: int)
 def test_nvfp4_hit_reads_the_stored_bytes_unchanged() -> None:
     """An entry is the cache as the prompt's prefill held it at its last whole block (NVFP4 bytes, FP8
     window and dynamic scales), so a hit reads what a cold prefill of those positions stores."""
-    engine = tiny_engine({"kv": {"format": "nvfp4", "recent_window": 4, "prefix_cache": {"block": BLOCK}}})
+    engine = tiny_engine({"prefill_chunk": BLOCK, "kv": {"format": "nvfp4", "recent_window": 4,
+                                                         "prefix_cache": {"block": BLOCK}}})
     ids = engine.hf.tokens.encode(PROMPT)
     keep = len(ids) // BLOCK * BLOCK
     assert keep < len(ids)  # the entry is cut before the prompt's last chunk
@@ -168,7 +170,8 @@ def gsm8k_turns(data_dir: Path, n: int) -> list[str]:
 def smollm2_cached():  # -> HFEngine with SmolLM2-135M-Instruct and a format-none prefix cache
     from evals.engines import build_engine
 
-    engine = build_engine("hf", smollm2_or_skip(), {"kv": {"format": "none", "prefix_cache": {"block": 64}}})
+    engine = build_engine("hf", smollm2_or_skip(), {"prefill_chunk": 64,
+                                                    "kv": {"format": "none", "prefix_cache": {"block": 64}}})
     yield engine
     engine.close()
 

@@ -1,5 +1,5 @@
 """Bounded replay on models with sliding-window layers (evals.engines.hf.replay), tested against a cold
-run on tiny Gemma-3 configs (window 6, blocks of 6, so every replay pass has a cold pass's shape).
+run on tiny Gemma-3 configs (window 6, blocks and passes of 6, so every replay pass has a cold pass's shape).
 
 What the math says: the global layers read every hit position from the cache, so they equal the cold
 run's; a sliding layer's replayed K/V depend on the layers before it, so they equal the cold run's
@@ -30,7 +30,7 @@ TWO_SLIDING = {"num_hidden_layers": 3, "layer_types": ["sliding_attention", "sli
 def gemma_engine(kv: dict, **overrides: object) -> HFEngine:
     tok = tiny_tokenizer()
     model = tiny_gemma3(vocab_size=len(tok), **overrides)
-    return HFEngine(model, tok, parse_args({"kv": kv}), "tiny-gemma3")
+    return HFEngine(model, tok, parse_args({"prefill_chunk": BLOCK, "kv": kv}), "tiny-gemma3")
 
 
 def token_ids(n: int = 40) -> list[int]:
