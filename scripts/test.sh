@@ -24,5 +24,8 @@ if [ "$skip_vllm" != 1 ]; then
     tests/evals/engines/test_vllm_offline.py tests/evals/test_servers.py \
     tests/evals/engines/test_vllm_check.py tests/qa/pipeline/test_dry_run.py tests/qa/pipeline/test_servers.py \
     tests/evals/engines/test_vllm_introspect.py tests/evals/engines/test_vllm_sessions.py \
-    tests/evals/engines/test_vllm_reference.py tests/evals/engines/test_vllm_nvfp4_folder.py
+    tests/evals/engines/test_vllm_reference.py tests/evals/engines/test_vllm_nvfp4_folder.py \
+    tests/evals/engines/test_vllm_kv_plugin.py tests/evals/engines/test_vllm_kv_served.py tests/evals/engines/test_vllm_kv_mla.py \
+    tests/evals/engines/test_vllm_kv_cache_paths.py \
+    tests/qa/pipeline/test_dry_run_vllm_kv.py tests/quant/test_llmcompressor_vllm.py
 fi

@@ -1,6 +1,8 @@
 """The `vllm` engine's arguments: the toolkit's own options plus vLLM engine flags passed through as given.
 
-Every key besides OWN_ARGS is a vLLM `EngineArgs` field (kv_cache_dtype, tensor_parallel_size, any
+`kv` is the hf engine's `kv = { ... }` table (a KVQuantSpec): the K/V format emulated inside vLLM by the
+qa_kv plugin (evals.engines.vllm_kv; what vLLM cannot honour of it is refused when the arguments are
+parsed). Every key besides OWN_ARGS is a vLLM `EngineArgs` field (kv_cache_dtype, tensor_parallel_size, any
 feature flag) with a JSON value; the names are checked against vLLM itself where it is installed
 (`check_flag_names`, called when the engine is built and by evals.engines.vllm_check before a run).
 `engine_kwargs` turns the arguments into what `vllm.LLM` receives, defaults written out; `cli_flags`
@@ -15,12 +17,14 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, model_validator
 
+from evals.engines.vllm_kv.spec import refusal
 from evals.errors import EngineError
+from quant.kv_spec import KVQuantSpec, unknown_key_message
 from quant.validation import did_you_mean, first_error
 
 GIB = 1 << 30
 CPU_KV_CACHE_BYTES = GIB  # without it vLLM-CPU reserves 92% of RAM for the KV cache
-OWN_ARGS = frozenset({"allow_unsupported_kv_cache_dtype"})  # toolkit options; vLLM never sees them
+OWN_ARGS = frozenset({"allow_unsupported_kv_cache_dtype", "kv"})  # toolkit options; vLLM never sees them
 # A vLLM server's flags the server command sets itself (the arm's model, 127.0.0.1, a free port, its name)
 RESERVED_SERVER_ARGS = frozenset({"model", "host", "port", "served_model_name"})
 VllmFlag = JsonValue  # one vLLM EngineArgs value as TOML/JSON gives it (scalars, lists, tables)
@@ -34,11 +38,16 @@ class VllmEngineArgs(BaseModel):
 
     # run a KV dtype the attention backend cannot serve, under a loud warning (its numbers are no measurement)
     allow_unsupported_kv_cache_dtype: bool = False
+    kv: KVQuantSpec | None = None  # the K/V format emulated in vLLM by the qa_kv plugin (None: plugin off)
 
     @model_validator(mode="after")
     def _no_model_flag(self) -> VllmEngineArgs:
         if "model" in self.flags():
             raise ValueError("engine_args.model: the model comes from the spec's model, not engine_args")
+        if self.kv is not None:
+            why = refusal(self.kv, str(self.flags().get("kv_cache_dtype", "auto")))
+            if why is not None:
+                raise ValueError(f"kv cache spec: {why}")
         return self
 
     def flags(self) -> dict[str, VllmFlag]:
@@ -52,7 +61,13 @@ def parse_vllm_args(args: Mapping[str, object]) -> VllmEngineArgs:
         return VllmEngineArgs.model_validate(dict(args))
     except ValidationError as exc:
         err = first_error(exc)
-        raise EngineError(f"vllm engine argument {err.where}: {err.msg}" if err.where else err.msg) from None
+        head, _, rest = err.where.partition(".")
+        if head == "kv" and rest:
+            msg = unknown_key_message(rest) if err.type == "extra_forbidden" else f"{rest}: {err.msg}"
+            raise EngineError(f"vllm engine: kv cache spec: {msg}") from None
+        if head == "kv" or not err.where:  # the spec's own consistency rules, the vLLM refusals
+            raise EngineError(f"vllm engine: {err.msg}") from None
+        raise EngineError(f"vllm engine argument {err.where}: {err.msg}") from None
 
 
 def check_flag_names(args: VllmEngineArgs, known: Sequence[str]) -> None:

@@ -9,7 +9,8 @@ imports vLLM, loads no weights, and writes one CheckReport to OUT:
 - an offline arm: every `LLM(...)` keyword a field of vLLM's `EngineArgs` (did-you-mean), values
   parsed by vLLM's EngineArgs CLI parser, data_parallel_size 1, `EngineArgs(**kwargs)` built;
 - both: kv_cache_dtype against the attention backend that will run it (vllm_offline's
-  supported_kv_dtypes/check_kv_dtype), and every VLLM_* variable of the arm's env known to vLLM.
+  supported_kv_dtypes/check_kv_dtype), every VLLM_* variable of the arm's env known to vLLM, and for an arm
+  with a `kv` table that the qa_kv plugin is registered here, not left out, and knows this vLLM's attention.
 Every refusal is one line. The model is not looked up (a GPU spec's hub id need not be here).
 """
 
@@ -21,17 +22,19 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from evals.engines.vllm_args import check_flag_names, check_offline_flags, cli_flags, parse_vllm_args
+from evals.engines.vllm_kv.plugin import unrecognised_vllm
+from evals.engines.vllm_kv.switch import scoped_env
 from evals.engines.vllm_offline import check_kv_dtype, engine_arg_names, supported_kv_dtypes
 from evals.errors import EngineError, first_line
 from evals.offline import offline_env
+from quant.kv_spec import kv_spec_from_dict
 from quant.validation import did_you_mean
 
 CHECK_MODULE = "evals.engines.vllm_check"
@@ -52,6 +55,7 @@ class ArmCheck(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)  # the arm's own variables
     allow_unsupported_kv_cache_dtype: bool = False
     gpu_spec: bool = False  # written for GPUs: on a CPU machine vLLM checks the KV dtype where it runs
+    kv: dict[str, JsonValue] | None = None  # the K/V format the qa_kv plugin emulates (a KVQuantSpec dump)
 
 
 class CheckOutcome(BaseModel):
@@ -106,19 +110,7 @@ class Refused(Exception):
     """vLLM's argparse refused the command line (its `error` raises this instead of exiting)."""
 
 
-@contextmanager
-def arm_env(env: Mapping[str, str]) -> Iterator[None]:
-    """Set an arm's variables for the duration of its check, then restore the environment."""
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+arm_env = scoped_env  # an arm's variables set for the duration of its check, then restored
 
 
 @functools.cache
@@ -231,6 +223,23 @@ def check_offline(check: ArmCheck) -> list[str]:
                     allow=check.allow_unsupported_kv_cache_dtype, gpu_spec=check.gpu_spec)
 
 
+def check_plugin(check: ArmCheck) -> list[str]:
+    """The qa_kv plugin can run the arm's kv spec in this vLLM (evals.engines.vllm_kv.plugin), and the
+    static scales it names read (quant.scales: the hf engine's reader); a GPU spec's scales that are not on
+    this machine are a note (they are read where the arm runs)."""
+    from evals.engines.vllm_kv.emulate import load_scales  # torch: the scales are tensors
+
+    why = unrecognised_vllm(dict(os.environ))
+    if why is not None:
+        raise Refused(f"kv = {{...}}: {why}")
+    assert check.kv is not None  # callers check first
+    spec = kv_spec_from_dict(dict(check.kv))
+    if check.gpu_spec and spec.scales_file is not None and not spec.scales_file.exists():
+        return [f"kv scales {str(spec.scales_file)!r} are not on this machine: read where the arm runs"]
+    load_scales(spec)  # QuantError (a ValueError): one line
+    return []
+
+
 def run_check(check: ArmCheck) -> CheckOutcome:
     """One arm's check under its env; any refusal becomes the outcome's one-line error."""
     import huggingface_hub.constants as hub  # huggingface_hub: only in the check's child
@@ -240,6 +249,8 @@ def run_check(check: ArmCheck) -> CheckOutcome:
         with arm_env(check.env):
             check_env(check.env)
             notes = check_server(check) if check.kind == "server" else check_offline(check)
+            if check.kv is not None:
+                notes += check_plugin(check)
         return CheckOutcome(arm=check.arm, notes=notes)
     except (Refused, EngineError, ValueError, TypeError, KeyError) as exc:
         return CheckOutcome(arm=check.arm, error=first_line(exc))

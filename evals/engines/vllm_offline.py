@@ -32,7 +32,12 @@ equal the uncached pass's bit for bit (auto KV; measured). vLLM gives no log-pro
 it read from the cache, so a whole text (no context) still skips the cache, and a hit that reaches
 the continuation's first token is run again uncached.
 
-This module is the only one that imports vllm, lazily, with an install hint.
+An arm's `kv = { ... }` table switches the qa_kv plugin on while vLLM starts (evals.engines.vllm_kv): the
+K/V format is emulated inside vLLM, the arm refused when no model load was recorded, and its provenance
+says "emulated in vLLM" with the format, scales and every rewritten layer.
+
+This module is the only one that imports vllm, lazily, with an install hint (besides the plugin itself,
+which runs inside vLLM).
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.stops import cut_at_stop
 from evals.engines.vllm_args import VllmEngineArgs, check_flag_names, engine_kwargs
 from evals.engines.vllm_introspect import kv_provenance
+from evals.engines.vllm_kv.record import emulated_provenance
+from evals.engines.vllm_kv.spec import describe
+from evals.engines.vllm_kv.switch import loaded_record, plugin_off, plugin_on
 from evals.errors import EngineError, first_line
 from evals.models import ResolvedModel
 from evals.offline import OFFLINE_DEFAULTS
@@ -140,12 +148,20 @@ class VllmEngine:
         if on_cpu and kwargs.get("distributed_executor_backend") == "uni":
             # One process instead of three: each vLLM child re-imports vllm (~30 s on 2 cores).
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        try:
-            self._llm = vllm.LLM(model=model.load_id, **kwargs)
-        except (TypeError, ValueError) as exc:
-            raise EngineError(f"vLLM refused the engine arguments: {first_line(exc)}") from None
-        except Exception as exc:  # noqa: BLE001 - startup failures come in many types; one line each
-            raise EngineError(f"vLLM failed to start: {type(exc).__name__}: {first_line(exc)}") from None
+        record = None
+        with plugin_on(args.kv) if args.kv is not None else plugin_off() as folder:
+            try:
+                self._llm = vllm.LLM(model=model.load_id, **kwargs)
+            except (TypeError, ValueError) as exc:
+                raise EngineError(f"vLLM refused the engine arguments: {first_line(exc)}") from None
+            except Exception as exc:  # noqa: BLE001 - startup failures come in many types; one line each
+                raise EngineError(f"vLLM failed to start: {type(exc).__name__}: {first_line(exc)}") from None
+            if folder is not None:
+                try:
+                    record = loaded_record(folder, kwargs)  # one record per process that loads the model
+                except EngineError:
+                    self.close()
+                    raise
         self._vllm = vllm
         self._tokenizer = self._llm.get_tokenizer()
         # lm-eval's HFLM rules, as the hf engine encodes: both arms see the same ids for a prompt
@@ -158,9 +174,14 @@ class VllmEngine:
         details.update(vllm=vllm.__version__, device=current_platform.device_type, kv_cache_dtype=kv_dtype,
                        kv_cache_dtype_supported=str(kv_ok).lower(), max_model_len=str(self.max_model_len))
         self.info = base.EngineInfo(name="vllm", model=model.name, deterministic=False, details=details)
-        # what really runs: vLLM's resolved KV dtype, the KV tensors' dtype, each layer's k/v scale
-        self.kv_provenance = kv_provenance(self._llm, on_cpu=on_cpu)
-        if self.kv_provenance is not None:
+        # what really runs: vLLM's resolved KV dtype, the KV tensors' dtype, each layer's k/v scale; with
+        # the qa_kv plugin: the emulated format, its scales and every layer it rewrote
+        if record is not None:
+            details["kv_emulated"] = describe(args.kv)  # type: ignore[arg-type]  # a record means a spec
+            self.kv_provenance = emulated_provenance(record, "vllm-offline")
+        else:
+            self.kv_provenance = kv_provenance(self._llm, on_cpu=on_cpu)
+        if self.kv_provenance is not None and record is None:
             details["kv_cache_dtype_resolved"] = self.kv_provenance.kv_dtype
 
     # -- batching with a per-request fallback ----------------------------------------------------

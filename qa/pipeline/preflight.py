@@ -3,9 +3,10 @@
 `preflight(run, strict=True)` (the start of `qa run`): every arm's problem found while resolving (a model
 not on this machine, no vLLM interpreter), the calibration format, the static scales an hf arm reads (a
 pending calibration writes them later) and whether its kv spec fits the model's config (read alone, no
-weights), what a served arm would refuse or ignore on every sample, a reused baseline (checked against
-the earlier run, evals.arm_reuse), and every vLLM arm's arguments checked by vLLM itself in the
-interpreter that will run them (evals.engines.vllm_check, one child process for all arms).
+weights), a model folder's K/V scales fitted against the arm's model and refused when they are not what
+they declare (qa.pipeline.scale_fit), what a served arm would refuse or ignore on every sample, a reused
+baseline (checked against the earlier run, evals.arm_reuse), and every vLLM arm's arguments checked by vLLM
+itself in the interpreter that will run them (evals.engines.vllm_check, one child process for all arms).
 With `strict=False` (the dry run) what this machine cannot check becomes a note on the arm instead.
 """
 
@@ -25,8 +26,9 @@ from evals.engines.openai_api.sampling import check_sampling
 from evals.engines.vllm_args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
 from evals.engines.vllm_check import ArmCheck, check_with_vllm
 from evals.errors import EngineError
-from evals.servers import VllmServerSpec, vllm_server_command
+from evals.servers import VllmServerSpec, kv_plugin_env, vllm_server_command
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun, arm_tasks
+from qa.pipeline.scale_fit import fit_scale_folders
 from quant.fileio import scales_paths
 from quant.kv_catalog import FORMAT_NAMES, unknown_format
 
@@ -62,13 +64,17 @@ def vllm_checks(run: ResolvedRun) -> list[ArmCheck]:
     for arm in run.arms:
         spec = run.spec.arms[arm.name]
         if isinstance(arm.server, VllmServerSpec) and spec.server is not None:
+            kv_plugin_env(arm.server)  # EngineError for an env that switches the plugin on, before any arm
             argv = vllm_server_command(arm.server, 0)[3:]  # after `python -m MODULE`; port 0 stands for a free one
             checks.append(ArmCheck(arm=arm.name, kind="server", argv=argv, env=dict(arm.record.env),
-                                   gpu_spec=is_gpu_spec(spec.server.args)))
+                                   gpu_spec=is_gpu_spec(spec.server.args),
+                                   kv=dict(arm.server.kv) if arm.server.kv is not None else None))
         elif isinstance(arm.engine_args, VllmEngineArgs):
             checks.append(ArmCheck(arm=arm.name, kind="offline", kwargs=offline_kwargs(run, arm),  # type: ignore[arg-type]
                                    env=dict(arm.record.env), gpu_spec=is_gpu_spec(arm.engine_args.flags()),
-                                   allow_unsupported_kv_cache_dtype=arm.engine_args.allow_unsupported_kv_cache_dtype))
+                                   allow_unsupported_kv_cache_dtype=arm.engine_args.allow_unsupported_kv_cache_dtype,
+                                   kv=(arm.engine_args.kv.model_dump(mode="json")
+                                       if arm.engine_args.kv is not None else None)))
     return checks
 
 
@@ -153,8 +159,11 @@ def preflight(run: ResolvedRun, *, strict: bool = True) -> Preflight:
         if arm.problem is not None and strict:
             raise EngineError(arm.problem)
     check_hf_args(run)
+    fits = fit_scale_folders(run, strict=strict)  # a folder's K/V scales, fitted and refused before any arm
     check_served_requests(run)
     notes.update(check_vllm(run, strict))
+    for name, lines in fits.items():
+        notes[name] = (*notes.get(name, ()), *lines)
     for arm in run.arms:
         if arm.problem is not None and not strict:
             notes[arm.name] = (*notes.get(arm.name, ()), f"not runnable here: {arm.problem}")

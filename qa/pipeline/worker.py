@@ -25,6 +25,7 @@ from evals.engines import parse_engine_args
 from evals.engines.hf import read_scales
 from evals.engines.hf.args import HFEngineArgs
 from evals.models import load_model, resolve_model
+from evals.progress import ARMS_ENV
 from qa.errors import USER_ERRORS, SpecError
 from qa.files.resolved import ArmRecord, ResolvedRecord
 from qa.files.rundir import RunDir
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     rd = RunDir(args.run_dir)
     try:
         record = rd.load_resolved()
+        os.environ.setdefault(ARMS_ENV, str(max(1, sum(a.runs for a in record.arms))))  # for the estimate lines
         if args.serve and args.role in STEPS:
             raise SpecError(f"--serve keeps an arm's engine; {args.role!r} is not an arm")
         if args.role == "calibrate":

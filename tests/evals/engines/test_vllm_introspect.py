@@ -22,6 +22,7 @@ from evals.engines.vllm_offline import VllmEngine
 from evals.models import resolve_model
 from quant.scales import KVScales
 from tests.evals.engines.vllm_export import calibrate_export
+from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
 
 pytestmark = pytest.mark.vllm
 
@@ -37,6 +38,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[KVScales, Path]:
 
 @pytest.fixture(scope="module")
 def engine(exported: tuple[KVScales, Path]) -> Iterator[VllmEngine]:
+    skip_unless_cpu_runs_fp8_kv()
     built = build_engine("vllm", resolve_model(str(exported[1])), ARGS)
     assert isinstance(built, VllmEngine)
     yield built

@@ -24,6 +24,7 @@ from qa.gate.provenance import check_scales
 from quant.folder_scales import read_folder_scales
 from quant.scales import KVScales
 from tests.evals.engines.vllm_export import calibrate_export
+from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
 
 pytestmark = pytest.mark.vllm
 
@@ -37,6 +38,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[KVScales, Path]:
 
 
 def test_nvfp4_folder_on_an_fp8_cache_loads_verbatim_and_is_a_mismatch(exported: tuple[KVScales, Path]) -> None:
+    skip_unless_cpu_runs_fp8_kv()
     scales, folder = exported
     assert read_folder_scales(folder).convention.name == "nvfp4-decode"
     engine = build_engine("vllm", resolve_model(str(folder)), {**ARGS, "kv_cache_dtype": "fp8"})

@@ -18,6 +18,7 @@ from evals.engines.vllm_offline import VllmEngine, check_kv_dtype, supported_kv_
 from evals.errors import EngineError
 from evals.models import ResolvedModel, resolve_model
 from evals.records import TokenLogprobs
+from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
 
 pytestmark = pytest.mark.vllm
 
@@ -248,6 +249,7 @@ def test_unsupported_kv_dtype_can_be_forced_with_a_loud_warning(caplog: pytest.L
 @pytest.mark.slow
 def test_fp8_kv_cache_really_quantizes(engine: VllmEngine, model: ResolvedModel) -> None:
     """fp8 KV moves the prompt log-probs a little (it is live), never a lot (it is not garbage)."""
+    skip_unless_cpu_runs_fp8_kv()
     requests = [
         engine_base.TokenLogprobsRequest(text=TEXT, top_k=1, max_tokens=16),
         engine_base.TokenLogprobsRequest(text="The quick brown fox jumps over the lazy dog.", top_k=1, max_tokens=16),

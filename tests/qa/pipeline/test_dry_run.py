@@ -27,7 +27,7 @@ BASELINE = '[arms.baseline]\nengine = "hf"\n'
 SERVER = ('[arms.candidate]\nengine = "openai"\nenv = { VLLM_CPU_KVCACHE_SPACE = "1", HF_TOKEN = "hf_secret_x" }\n'
           'server = { kind = "vllm", args = { enable_prefix_caching = false } }\n')
 OFFLINE = ('[arms.offline]\nengine = "vllm"\n'
-           'engine_args = { kv_cache_dtype = "fp8", enable_prefix_caching = false, max_model_len = 256 }\n')
+           'engine_args = { kv_cache_dtype = "fp8", enable_prefix_caching = false, max_model_len = 2048 }\n')
 
 
 def _plan(text: str) -> dict[str, PlannedArm]:
