@@ -21,20 +21,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.text import Text
-
 from evals.engines import base
 from evals.engines.base import Engine
 from evals.errors import EngineError, EvalError
+from evals.progress import settings_from_env, task_progress
 from evals.reasoning import Split, is_truncated, split_reasoning, think_tags
 from evals.records import RecordWriter, SampleRecord, TokenLogprobs, first_non_finite, sha256_text
 from evals.reference import ReferenceResult, chunk_references, has_reference, record_fields
@@ -54,27 +44,6 @@ from evals.tasks.base import RepeatScored, Request, Result, ServedInSessions, Ta
 log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK = 64  # samples per engine call: the engine batches inside it; records flush after it
-
-
-class _RateColumn(ProgressColumn):
-    """Samples per second and the time left, from all samples so far (chunks finish in bursts, so
-    rich's windowed speed estimate would mostly be empty)."""
-
-    def render(self, task) -> Text:
-        elapsed = task.finished_time if task.finished else task.elapsed
-        if not elapsed or not task.completed:
-            return Text("-- it/s  eta --:--", style="progress.data.speed")
-        rate = task.completed / elapsed
-        left = int((task.total - task.completed) / rate) if task.total is not None else 0
-        return Text(f"{rate:.2f} it/s  eta {left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}",
-                    style="progress.data.speed")
-
-
-def _progress(enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), _RateColumn(),
-        TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled, transient=False,
-    )
 
 
 def _call_engine(engine: Engine, kind: str, requests: list[Request]) -> list[Result | base.Failure]:
@@ -164,6 +133,7 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
         return run_sessions(engine, task, arm=arm, out_path=out_path, limit=limit,  # type: ignore[arg-type]
                             repeats=repeats, seed=seed, data_dir=data_dir)
     start = time.perf_counter()
+    shown = settings_from_env(progress)
     items = select_items(task.items(data_dir), limit, seed)
     samples = build_samples(task, items, repeats, seed)
     check_existing(out_path, task, arm, samples)
@@ -182,9 +152,8 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
                 seen |= ids
                 block = [s for s in samples if s.item.item_id in ids]
                 parts += [block[lo : lo + chunk] for lo in range(0, len(block), chunk)]
-        with _progress(progress) as bar:
-            todo = sum((s.item.item_id, s.repeat) not in done for part in parts for s in part)
-            bar_task = bar.add_task(f"{arm}/{task.name}", total=todo)
+        todo = sum((s.item.item_id, s.repeat) not in done for part in parts for s in part)
+        with task_progress(f"{arm}/{task.name}", todo, shown) as bar:
             for part in parts:
                 if all((s.item.item_id, s.repeat) in done for s in part):
                     continue
@@ -209,7 +178,7 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
                     written += 1
                     errors += rec.error is not None
                     tokens += rec.output_tokens or 0
-                bar.advance(bar_task, len(fresh))
+                bar.advance(len(fresh))
     if errors:
         log.warning("%s/%s: %d of %d samples failed (recorded with their errors)", arm, task.name, errors, written)
     return RunSummary(task=task.name, arm=arm, path=out_path, items=len(items), samples=len(samples),

@@ -228,6 +228,152 @@ def case_records_torn_middle(tmp: Path, data: Path) -> list[str]:
     return _compare(tmp, tmp / "base", tmp / "cand")
 
 
+RULER_LONG = """
+[[tasks]]
+name = "ruler"
+max_tokens = 32
+options = { lengths = [65536], per_cell = 1, subtasks = ["niah_single"] }
+"""
+
+
+def case_ruler_beyond_window_dry(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, GOOD_SPEC + RULER_LONG, "--dry-run")
+
+
+def case_ruler_beyond_window(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, GOOD_SPEC + RULER_LONG)
+
+
+NEEDLE_LONG = """
+[[tasks]]
+name = "needle"
+options = { lengths = [16384], per_cell = 1 }
+"""
+SESSION_ARMS = """
+[arms.baseline]
+engine = "hf"
+engine_args = { kv = { format = "none", prefix_cache = { enabled = true } } }
+[arms.candidate]
+engine = "hf"
+engine_args = { kv = { format = "nvfp4", scales = "dynamic", prefix_cache = { enabled = true } } }
+"""
+# SmolLM2-135M's window is 8192 tokens: 64 GSM8K turns (a problem and its worked solution each) are ~13K, 160
+# agentic turns (a tool call with its result, a look-up or a GSM8K problem each) ~19K
+SESSIONS_LONG = 'name = "sessions"\noptions = { sessions = 1, turns = 64, asks = "gsm8k" }\n'
+AGENTIC_LONG = ('name = "agentic"\nmax_tokens = 96\noptions = { sessions = 1, turns = 160, session_tokens = 4096, '
+                'context_tokens = 1536, paths = ["cold", "warm"] }\n')
+LLAMACPP_ARMS = """
+[arms.baseline]
+engine = "openai"
+server = { kind = "llamacpp", n_ctx = 8192, n_parallel = 4 }
+[arms.candidate]
+engine = "openai"
+server = { kind = "llamacpp", cache_type_k = "q8_0", cache_type_v = "q8_0", n_ctx = 8192, n_parallel = 4 }
+"""
+
+
+def _session_spec(task: str) -> str:
+    head = GOOD_SPEC.split("[arms.baseline]")[0]
+    return head + SESSION_ARMS + "[[tasks]]\n" + task
+
+
+def case_needle_beyond_window_dry(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, GOOD_SPEC + NEEDLE_LONG, "--dry-run")
+
+
+def case_sessions_too_many_turns_dry(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _session_spec(SESSIONS_LONG), "--dry-run")
+
+
+def case_sessions_too_many_turns(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _session_spec(SESSIONS_LONG))
+
+
+def case_agentic_too_many_turns_dry(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _session_spec(AGENTIC_LONG), "--dry-run")
+
+
+def case_ruler_beyond_llamacpp_slot_dry(tmp: Path, data: Path) -> list[str]:
+    # a 4096-token haystack fits the model (8192) but not one of llama.cpp's 4 slots of n_ctx 8192 (2048 each)
+    head = GOOD_SPEC.split("[arms.baseline]")[0]
+    return _spec(tmp, head + LLAMACPP_ARMS + _swap(RULER_LONG, "[65536]", "[4096]"), "--dry-run")
+
+
+def _model_folder(tmp: Path, edit: Callable[[dict], object] | None = None, text: str | None = None,
+                  drop: str | None = None) -> Path:
+    """A copy of the tiny random Llama's folder (`outcomes` saves it beside the cases), its config.json edited,
+    replaced or a file dropped."""
+    folder = tmp / "model"
+    shutil.copytree(tmp.parent / "tiny", folder)
+    config = folder / "config.json"
+    if edit is not None:
+        loaded = json.loads(config.read_text())
+        edit(loaded)
+        config.write_text(json.dumps(loaded))
+    if text is not None:
+        config.write_text(text)
+    if drop is not None:
+        (folder / drop).unlink()
+    return folder
+
+
+def _on(folder: Path) -> str:
+    return _swap(GOOD_SPEC, '"smollm2-135m"', f'"{folder}"')
+
+
+def case_config_wrong_type_dry(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _on(_model_folder(tmp, lambda c: c.update(num_hidden_layers="two"))), "--dry-run")
+
+
+def case_config_wrong_type_run(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _on(_model_folder(tmp, lambda c: c.update(num_attention_heads=2.5))))
+
+
+def case_config_wrong_type_kv_inspect(tmp: Path, data: Path) -> list[str]:
+    folder = _model_folder(tmp, lambda c: c.update(max_position_embeddings="4k"))
+    _plant(tmp / "out", None)
+    return ["kv-inspect", "--model", str(folder), "--n-prompts", "1", "--seq-len", "16"]
+
+
+def case_config_wrong_type_calibrate(tmp: Path, data: Path) -> list[str]:
+    folder = _model_folder(tmp, lambda c: c.update(num_key_value_heads="1"))
+    _plant(tmp / "out", None)
+    return ["calibrate", "--model", str(folder), "--out", str(tmp / "out" / "scales.safetensors")]
+
+
+def case_config_wrong_type_eval(tmp: Path, data: Path) -> list[str]:
+    folder = _model_folder(tmp, lambda c: c.update(hidden_size=[64]))
+    _plant(tmp / "out", None)
+    return ["eval", "--model", str(folder), "--arm", "baseline", "--tasks", "arc_easy", "--limit", "2", "--out",
+            str(tmp / "out")]
+
+
+def case_config_a_list(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _on(_model_folder(tmp, text="[1, 2]")), "--dry-run")
+
+
+def case_config_not_json(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _on(_model_folder(tmp, text='{"model_type": "llama",')))
+
+
+def case_config_no_model_type(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _on(_model_folder(tmp, lambda c: c.pop("model_type"))), "--dry-run")
+
+
+def case_folder_no_tokenizer(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _on(_model_folder(tmp, drop="tokenizer.json")))
+
+
+def case_folder_no_weights(tmp: Path, data: Path) -> list[str]:
+    folder = _model_folder(tmp, drop="model.safetensors")
+    _plant(tmp / "out", None)
+    return ["kv-inspect", "--model", str(folder), "--n-prompts", "1", "--seq-len", "16"]
+
+
+def case_ruler_lengths_not_a_list(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, GOOD_SPEC + _swap(RULER_LONG, "lengths = [65536]", 'lengths = "8k"'), "--dry-run")
+
+
 @dataclass(frozen=True)
 class Case:
     build: Callable[[Path, Path], list[str]]
@@ -257,6 +403,24 @@ CASES: dict[str, Case] = {
     "lm-eval folder empty": Case(case_lmeval_folder_empty, "samples"),
     "records from another task version": Case(case_records_other_version, "version"),
     "records corrupt mid-file": Case(case_records_torn_middle, "corrupt"),
+    "RULER length beyond the window (dry run)": Case(case_ruler_beyond_window_dry, "context window"),
+    "RULER length beyond the window": Case(case_ruler_beyond_window, "context window"),
+    "needle length beyond the window (dry run)": Case(case_needle_beyond_window_dry, "context window"),
+    "sessions with too many turns (dry run)": Case(case_sessions_too_many_turns_dry, "sessions do not fit"),
+    "sessions with too many turns": Case(case_sessions_too_many_turns, "sessions do not fit"),
+    "agentic with too many turns (dry run)": Case(case_agentic_too_many_turns_dry, "lower its session_tokens"),
+    "RULER length beyond a llama.cpp slot (dry run)": Case(case_ruler_beyond_llamacpp_slot_dry, "n_ctx 8192 over 4 slots"),
+    "config.json wrong type (dry run)": Case(case_config_wrong_type_dry, "num_hidden_layers"),
+    "config.json wrong type (run)": Case(case_config_wrong_type_run, "num_attention_heads"),
+    "config.json wrong type (kv-inspect)": Case(case_config_wrong_type_kv_inspect, "max_position_embeddings"),
+    "config.json wrong type (calibrate)": Case(case_config_wrong_type_calibrate, "num_key_value_heads"),
+    "config.json wrong type (eval)": Case(case_config_wrong_type_eval, "hidden_size"),
+    "config.json a list": Case(case_config_a_list, "JSON object"),
+    "config.json not JSON": Case(case_config_not_json, "config.json"),
+    "config.json without model_type": Case(case_config_no_model_type, "model_type"),
+    "model folder without tokenizer": Case(case_folder_no_tokenizer, "tokenizer"),
+    "model folder without weights": Case(case_folder_no_weights, "model.safetensors"),
+    "RULER lengths not a list": Case(case_ruler_lengths_not_a_list, "lengths"),
 }
 
 
@@ -285,6 +449,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     if shutil.which("zip") is None:
         pytest.skip("the zip tool is needed to build a GPQA zip with a wrong password")
     root = tmp_path_factory.mktemp("bad_input")
+    from tests.evals.hf_fixtures import save_tiny
+
+    save_tiny(root / "tiny")  # once, before the threads: transformers' lazy imports are not thread-safe
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {name: pool.submit(_run, name, root, data) for name in CASES}
         return {name: f.result() for name, f in futures.items()}

@@ -22,7 +22,7 @@ MAX_LINES = 450
 # Heavy optional dependencies: each costs a noticeable part of a second (or far more) to import, or is an
 # extra that a light command must not need. Only these justify an import inside a function.
 HEAVY = frozenset({"torch", "transformers", "vllm", "xllamacpp", "lm_eval", "datasets", "safetensors",
-                   "matplotlib", "huggingface_hub", "accelerate", "gguf", "statsmodels"})
+                   "matplotlib", "huggingface_hub", "accelerate", "gguf", "statsmodels", "inspect_ai"})
 FRONT_DOOR = "qa.api"
 
 

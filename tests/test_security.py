@@ -67,8 +67,9 @@ def test_no_module_unpickles_or_enables_remote_code() -> None:
     assert problems == []
 
 
-class _Stop(Exception):
-    """Raised by the spy: the load is stopped once its arguments are seen."""
+class _Stop(BaseException):
+    """Raised by the spy: the load is stopped once its arguments are seen (a BaseException, so the loader's
+    turning of any load failure into a one-line ModelError does not swallow it)."""
 
 
 def _spy_loads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:

@@ -13,18 +13,22 @@ skips the samples it already finished.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from evals.arm_reuse import copy_reused
 from evals.data import data_file_hashes
 from evals.env import collect_env
 from evals.errors import EvalError
+from evals.progress import settings_from_env
 from evals.tasks import task_datasets
 from qa.files.comparison import Comparison, StatsSettings
 from qa.files.rundir import prepare_run_dir
 from qa.files.verdict import RunVerdict, Verdict
+from qa.pipeline.fits import check_items_fit
 from qa.pipeline.preflight import Preflight, preflight
 from qa.pipeline.processes import run_arm_process, run_step
+from qa.pipeline.progress import estimate_env, length_estimate, planned_lines, running_arms
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun
 from qa.pipeline.resume import arm_complete
 from qa.pipeline.sequential import run_sequential
@@ -58,7 +62,10 @@ def start(run: ResolvedRun, options: PlanOptions | None = None, *, strict: bool 
     PlanError under its strict flag)."""
     if strict:
         prepare_run_dir(run.spec, run.rd.root, check_only=True)  # another run's folder: refused before any work
+    settings_from_env()  # a bad QA_PROGRESS* variable is refused before any work, not when an arm starts
     checks = preflight(run, strict=strict)
+    for line in check_items_fit(run):  # every item against each arm's context window (a dry run too)
+        print(f"warning: {line}", flush=True)
     return Started(checks, plan_run(run.tasks, run.policy.policy, run.spec.model, options))
 
 
@@ -92,18 +99,28 @@ def calibrate(run: ResolvedRun) -> None:
     done = all(p.exists() for p in scales_paths(run.rd.root / cal.scales))  # a kill may leave only one
     if done and (cal.vllm_model is None or (run.rd.root / cal.vllm_model / "config.json").is_file()):
         return
+    st = cal.step
+    print(f"calibration: {st.n_samples} x {st.seq_len} tokens of {st.dataset}, {st.observer} observer, "
+          f"{st.format} scales for arm {cal.arm!r}: started", flush=True)  # minutes on a CPU: say so in a CI log
+    t0 = time.monotonic()
     run_step(run.rd.root, "calibrate", "calibration")
+    print(f"calibration: done in {time.monotonic() - t0:.0f} s", flush=True)
 
 
 def run_arms(run: ResolvedRun) -> None:
-    """Each arm that runs an engine and is not complete yet, in its own process (fixed n)."""
-    for arm in run.arms:
-        if not arm.record.runs:
-            continue
-        if arm_complete(run, arm):
+    """Each arm that runs an engine and is not complete yet, in its own process (fixed n); the first one prints
+    the run's length from its first items' rate, and after it the run's length at its rate."""
+    arms = running_arms(run)
+    complete = {a.name for a in arms if arm_complete(run, a)}
+    todo = [a for a in arms if a.name not in complete]
+    for arm in arms:
+        if arm.name in complete:
             print(f"{arm.name}: every record is on disk; nothing to run", flush=True)
             continue
-        run_arm_process(run.rd.root, arm.record)
+        began = time.perf_counter()
+        run_arm_process(run.rd.root, estimate_env(run, arm, todo))
+        if arm is todo[0] and (line := length_estimate(arm, len(todo) - 1, time.perf_counter() - began)):
+            print(line, flush=True)
 
 
 def inspect_kv(run: ResolvedRun) -> None:
@@ -117,6 +134,8 @@ def run(resolved: ResolvedRun, options: PlanOptions | None = None) -> Verdict | 
     is printed before anything is written."""
     started = start(resolved, options)
     announce_plan(started.plan, options.strict if options is not None else False)
+    for line in planned_lines(resolved):
+        print(line, flush=True)
     prepare_run_dir(resolved.spec, resolved.rd.root)
     resolved.rd.save_resolved(resolved.record, resolved.policy.text)
     if not resolved.rd.env.exists():
