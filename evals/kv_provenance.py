@@ -6,8 +6,12 @@ each engine's provenance is found, evals.server_log reads it off a server's log.
 folder's k/v_scale tensors), defaulted (1.0 because nothing provided them), dynamic (computed on
 write), constant (a spec's constant_scale), unquantized (a plain KV cache: no scales), unknown.
 `scales_convention` says what the numbers are (a quant.conventions name: nvfp4-decode amax/2688,
-nvfp4-global amax/6, fp8-decode amax/448, nvfp4-encode 2688/amax), where known: the convention a model
-folder declares (quant.folder_scales), or the one a scales file's decode scales are derived in.
+nvfp4-global amax/6, fp8-decode amax/448, nvfp4-encode 2688/amax), where known: for the emulator the
+convention of the decode scales its cache read (a model folder's numbers converted for its format, or the
+one a scales file's decode scales are derived in); for vLLM the one its model folder declares (read as they
+are). `folder_scales` records how a model folder's scales were read (quant.folder_scales.ScalesReading):
+the convention declared, the one fitted on calibration prompts (when `qa run`'s preflight fitted them),
+what the format reads, and whether they were taken as they are despite a refusal.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from quant.conventions import CONVENTIONS, expected_convention, mismatch_factor
+from quant.folder_scales import ScalesReading
 
 ProvenanceSource = Literal["hf-emulator", "vllm-offline", "vllm-server", "llamacpp-server"]
 ScalesOrigin = Literal["calibrated", "checkpoint", "defaulted", "dynamic", "constant", "unquantized", "unknown"]
@@ -50,6 +55,7 @@ class KVProvenance(BaseModel):
     scales_sha256: str | None = None  # the calibrated scales file's bytes (calibrated origin)
     constant_scale: float | None = None  # the one decode scale of every layer (constant origin)
     scales_convention: str | None = None  # what the scale numbers are (module docstring), None: not known
+    folder_scales: ScalesReading | None = None  # how a model folder's scales were read (module docstring)
     layers: list[LayerScales] = Field(default_factory=list)
     log_lines: list[str] = Field(default_factory=list)  # a server log's lines about KV dtype and scales
 
@@ -102,6 +108,9 @@ class KVProvenance(BaseModel):
             origin += f" {self.constant_scale:g}"
         if self.scales_convention is not None:
             origin += f", {self.scales_convention}"
+        if (fs := self.folder_scales) is not None:
+            origin += (f" (declared {fs.declared}, fitted {fs.fitted or 'none'})" if fs.fit_on is not None
+                       else f" (declared {fs.declared}, not fitted)")
         parts.append(f"scales {origin}")
         ks = [s for layer in self.layers for s in layer.k_scale]
         vs = [s for layer in self.layers for s in layer.v_scale]

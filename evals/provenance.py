@@ -6,7 +6,9 @@ arm.json (`engine_info.kv`), what its engine says after load:
 
 - hf (the emulator): the spec's format per layer, the scales file's sha256 and the decode scale
   each layer uses (computed from the file's calibrated amax for that layer's format); for scales read
-  from a model folder (`kv.scales = "DIR"`), the sha256 of its scale files and the convention it declares;
+  from a model folder (`kv.scales = "DIR"`), the sha256 of its scale files, the convention its cache read
+  them in, and how quant.folder_scales.resolve_folder_scales read them (declared; fitted on the amax `qa
+  run`'s preflight observed for this model, evals.scale_fits; taken as they are or not);
 - vllm offline: vLLM's resolved cache dtype, the dtype of the allocated KV tensors and every
   attention layer's k/v scale (evals.engines.vllm_introspect);
 - a vLLM or llama.cpp server `qa run` started: what its log says (evals.server_log).
@@ -29,16 +31,18 @@ from evals.kv_provenance import (  # noqa: F401 - the models, re-exported: calle
     ProvenanceSource,
     ScalesOrigin,
 )
+from evals.scale_fits import load_observed
 from evals.server_log import server_provenance
 from quant.conventions import VLLM_FOLDER_FORMATS
 from quant.errors import QuantError
 from quant.fileio import sha256_file
-from quant.folder_scales import has_kv_scales, read_folder_scales
+from quant.folder_scales import has_kv_scales, read_folder_scales, resolve_folder_scales
 from quant.kv_spec import KVQuantSpec
 
 
-def emulator_provenance(args: HFEngineArgs) -> KVProvenance:
-    """Provenance of an `hf` arm from its HFEngineArgs: per-layer format and decode scales in effect."""
+def emulator_provenance(args: HFEngineArgs, model: str | None = None) -> KVProvenance:
+    """Provenance of an `hf` arm from its HFEngineArgs: per-layer format and decode scales in effect (`model`:
+    the model's name, whose kept observation fits a model folder's scales)."""
     kv = args.kv
     if kv is None or (kv.format == "none" and not kv.layer_formats):
         return KVProvenance(source="hf-emulator", kv_dtype=args.dtype, scales_origin="unquantized")
@@ -48,10 +52,10 @@ def emulator_provenance(args: HFEngineArgs) -> KVProvenance:
         assert kv.constant_scale is not None  # the spec validator guarantees it
         return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="constant",
                             constant_scale=float(kv.constant_scale))
-    return _static_emulator(args, kv)
+    return _static_emulator(args, kv, model)
 
 
-def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec) -> KVProvenance:
+def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec, model: str | None) -> KVProvenance:
     import torch  # torch: only when a calibrated scales file is read
 
     from quant.formats import get_format  # torch: the formats are torch code
@@ -72,14 +76,19 @@ def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec) -> KVProvenance:
         k = decode(scales.k_amax[i].to(torch.float32)).reshape(-1).tolist()
         v = decode(scales.v_amax[i].to(torch.float32)).reshape(-1).tolist()
         layers.append(LayerScales(layer=i, format=fmt, k_scale=[float(x) for x in k], v_scale=[float(x) for x in v]))
-    if Path(named).is_dir():  # a model folder's scales: as it declares them, used as vLLM would
+    reading = None
+    if Path(named).is_dir():  # a model folder's scales, read as quant.folder_scales resolves them for kv.format
         folder = read_folder_scales(Path(named))
-        sha, convention = folder.sha256(), folder.convention.name
+        observed = load_observed(folder, model) if model is not None else None
+        rs = resolve_folder_scales(Path(named), kv.format, take_as_is=True, observed=observed)
+        taken = rs.reading().model_copy(update={"taken_as_is": kv.scales_as_is})
+        sha, reading = folder.sha256(), taken
+        convention = rs.read_as.name if rs.read_as is not None else folder.convention.name
     else:  # a scales file: each layer's decode scale is derived from amax in that layer's own format
         sha = sha256_file(scales_paths(Path(named))[0])
         convention = VLLM_FOLDER_FORMATS[kv.format][0] if kv.format in VLLM_FOLDER_FORMATS else None
     return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="calibrated", scales_expected=True,
-                        scales_sha256=sha, scales_convention=convention, layers=layers)
+                        scales_sha256=sha, scales_convention=convention, folder_scales=reading, layers=layers)
 
 
 def folder_convention(model: object) -> str | None:
@@ -101,7 +110,7 @@ def engine_provenance(engine: object, args: object, server_log: Path | None) -> 
         convention = folder_convention(getattr(getattr(engine, "info", None), "model", None))
         return own if convention is None else own.model_copy(update={"scales_convention": convention})
     if isinstance(args, HFEngineArgs):
-        return emulator_provenance(args)
+        return emulator_provenance(args, getattr(getattr(engine, "info", None), "model", None))
     if server_log is not None and server_log.is_file():
         return server_provenance(server_log.read_text(encoding="utf-8", errors="replace"))
     return None

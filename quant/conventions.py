@@ -1,28 +1,35 @@
-"""The conventions a checkpoint's per-layer K/V scale is written in, named, fitted and checked (torch-free).
+"""The conventions a checkpoint's per-layer K/V scale is written in, named, declared, fitted and checked (torch-free).
 
-One float per layer and K/V (amax: the largest |x| the scale is meant to cover); four are in circulation:
+One float per layer and K/V (amax: the largest |x| the scale is meant to cover); four are named here, each
+with the code that defines it (docs/NVFP4_KV_SCALES.md cites file and function):
 - nvfp4-decode: `k_scale = amax / (6 * 448) = amax / 2688`, the dequant multiplier of a two-level NVFP4
-  value (x ~ e2m1 * e4m3_block * k_scale). What vLLM's NVFP4 KV cache expects: its store kernel takes
-  gs = 1 / k_scale and its attention multiplies by k_scale (docs/NVFP4_KV_SCALES.md cites the code);
-  also ModelOpt's and torchao's decode scale.
-- nvfp4-global: `k_scale = amax / 6`, a "global scale" that maps amax onto E2M1's 6 and leaves the E4M3
-  block scales in (0, 1]. 448x what vLLM expects: read by vLLM as a decode scale, every block scale
-  becomes amax_block / amax <= 1, subnormal or zero in E4M3.
-- fp8-decode: `k_scale = amax / 448`, vLLM's FP8 E4M3 KV scale; 6x the NVFP4 decode scale.
-- nvfp4-encode: `k_global_scale = 6 * 448 / amax`, compressed-tensors' tensor_group global scale (what
-  llm-compressor stores for NVFP4 KV): the reciprocal of nvfp4-decode.
+  value (x ~ e2m1 * e4m3_block * k_scale). What vLLM's NVFP4 KV cache reads (its store kernel takes
+  gs = 1 / k_scale, its attention multiplies by k_scale); what this toolkit's export writes for NVFP4 (with
+  kv_scales_convention.json saying so); ModelOpt's and torchao's decode scale.
+- nvfp4-global: `k_scale = amax / 6`: compressed-tensors' `calculate_qparams` (scale = amax / (range / 2),
+  FP4_E2M1 range [-6, 6]) for a 4-bit float per-tensor scheme, what llm-compressor 0.14 writes for
+  `kv_cache_scheme = {num_bits: 4, type: float, strategy: tensor}`. 448x what vLLM's NVFP4 cache reads.
+- fp8-decode: `k_scale = amax / 448`: the same `calculate_qparams` for an 8-bit float scheme (FP8_E4M3 range
+  [-448, 448]), llm-compressor's FP8 KV folder; vLLM's FP8 decode scale; 6x the NVFP4 decode scale.
+- nvfp4-encode: `k_global_scale = 6 * 448 / amax`, compressed-tensors' `generate_gparam` (the global scale of
+  a tensor_group scheme): the reciprocal of nvfp4-decode. No writer this toolkit ran stores it for a KV
+  cache (llm-compressor 0.14 refuses a tensor_group KV scheme); it stays a hand-built unit case.
 
-`fit_convention` says which one a folder's numbers fit, given the amax observed here on the same prompts;
-`convention_warnings` turns a misfit into one-line warnings.
+`scheme_convention` maps a compressed-tensors kv_cache_scheme onto one as its writer's code defines it;
+`fit_convention` says which one a folder's numbers fit, given the amax observed here on calibration
+prompts; `convention_problems` names what refuses a folder (all 1.0, declared and fitted disagree) and
+`convention_warnings` the same as one-line warnings.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict
 
 from quant.errors import QuantError
 from quant.validation import did_you_mean
@@ -67,14 +74,19 @@ CONVENTIONS: dict[str, Convention] = {
         "NVFP4 decode multiplier (x ~ e2m1 * e4m3 block scale * k_scale); vLLM stores with gs = 1 / k_scale"),
     "nvfp4-global": Convention(
         "nvfp4-global", "amax / 6", F4_E2M1_MAX, False, "nvfp4",
-        "a global scale mapping amax onto E2M1's 6; vLLM would read it as the decode multiplier (448x too large)"),
+        "a 4-bit float per-tensor scale (compressed-tensors calculate_qparams, llm-compressor's 4-bit KV scheme) "
+        "mapping amax onto E2M1's 6; read by vLLM as the NVFP4 decode multiplier it is 448x too large"),
     "fp8-decode": Convention(
         "fp8-decode", "amax / 448", F8_E4M3_MAX, False, "fp8_e4m3",
-        "FP8 E4M3 decode scale (x ~ fp8 * k_scale)"),
+        "FP8 E4M3 decode scale (x ~ fp8 * k_scale; compressed-tensors calculate_qparams for 8-bit float)"),
     "nvfp4-encode": Convention(
         "nvfp4-encode", "2688 / amax", F8_E4M3_MAX * F4_E2M1_MAX, True, "nvfp4",
-        "compressed-tensors' tensor_group global scale (k_global_scale), the reciprocal of the decode multiplier"),
+        "compressed-tensors' tensor_group global scale (generate_gparam), the reciprocal of the decode multiplier"),
 }
+# compressed-tensors' calculate_range for a float scheme: (type, num_bits) -> range / 2 (the largest value),
+# so calculate_qparams' symmetric scale amax / (range / 2) is the convention named here
+SCHEME_CONVENTIONS: dict[tuple[str, int], ConventionName] = {("float", 8): "fp8-decode", ("float", 4): "nvfp4-global"}
+PER_LAYER_STRATEGIES = ("tensor", "attn_head")  # one scale per layer, or per KV head: a k_scale / v_scale field
 VALUE_CONVENTIONS: tuple[ConventionName, ...] = ("nvfp4-decode", "fp8-decode", "nvfp4-global")  # a k_scale's
 # the convention each KV cache dtype (emulator format or vLLM kv_cache_dtype) reads its k_scale in
 EXPECTED: dict[str, ConventionName] = {
@@ -97,6 +109,22 @@ def get_convention(name: str) -> Convention:
     return conv
 
 
+def scheme_convention(scheme: Mapping[str, Any]) -> ConventionName:
+    """The convention of the k_scale / v_scale a compressed-tensors kv_cache_scheme stores, as its writer's
+    code defines it (calculate_qparams: amax / (range / 2)); QuantError for a scheme that stores no per-layer
+    scale of a known convention (integer, asymmetric, group strategies)."""
+    kind, bits, strategy = scheme.get("type"), scheme.get("num_bits"), scheme.get("strategy") or "tensor"
+    where = f"kv_cache_scheme num_bits={bits}, type={kind}, strategy={strategy}"
+    if scheme.get("symmetric", True) is not True:
+        raise QuantError(f"{where}, symmetric=false: an asymmetric K/V scale (with a zero point) has no convention here")
+    name = SCHEME_CONVENTIONS.get((str(kind), bits)) if isinstance(bits, int) else None
+    if name is None:
+        raise QuantError(f"{where}: no per-layer K/V scale convention is known for it (float 8 or 4 bits only)")
+    if strategy not in PER_LAYER_STRATEGIES:
+        raise QuantError(f"{where}: not a per-layer (tensor) or per-head (attn_head) k_scale / v_scale")
+    return name
+
+
 def expected_convention(kv_dtype: str) -> Convention | None:
     """The convention a KV cache of `kv_dtype` reads its scales in (None: no tensor scale convention known)."""
     name = EXPECTED.get(kv_dtype)
@@ -109,9 +137,10 @@ def mismatch_factor(written: Convention, expected: Convention) -> float:
     return expected.decode_per_amax / written.decode_per_amax
 
 
-@dataclass(frozen=True)
-class ConventionFit:
+class ConventionFit(BaseModel):
     """Which convention a set of stored numbers fits, given amax observed on the same model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     convention: ConventionName | None  # the best fit, None when none is within FIT_FACTOR
     ratio: float  # for the best: median of stored / stored_from_amax(amax here) (1.0 = exactly that convention)
@@ -133,7 +162,7 @@ def fit_convention(stored: Sequence[float], amax: Sequence[float], *, reciprocal
     ratios = {n: statistics.median(s / CONVENTIONS[n].stored_from_amax(a) for s, a in pairs) for n in names}
     best = min(names, key=lambda n: abs(math.log(ratios[n])))
     fits = abs(math.log(ratios[best])) <= math.log(FIT_FACTOR)
-    return ConventionFit(best if fits else None, ratios[best], ratios)  # type: ignore[arg-type]
+    return ConventionFit(convention=best if fits else None, ratio=ratios[best], ratios=ratios)  # type: ignore[arg-type]
 
 
 def all_ones(stored: Sequence[float]) -> bool:
@@ -141,27 +170,42 @@ def all_ones(stored: Sequence[float]) -> bool:
     return bool(stored) and all(s == 1.0 for s in stored)
 
 
+def convention_problems(stored: Sequence[float], fit: ConventionFit | None, declared: Convention) -> list[str]:
+    """What makes stored numbers unusable as `declared` says, one clause each (no "warning:"): every number
+    1.0 (vLLM's uncalibrated default); numbers that fit another convention than declared, named with the
+    factor between them (448: amax/6 vs amax/2688; 6: amax/448 vs amax/2688); numbers that fit none."""
+    if all_ones(stored):
+        return ["every K/V scale is 1.0: uncalibrated (vLLM's default), not measured on data"]
+    if fit is None:
+        return []
+    if fit.convention is None:
+        closest = min(fit.ratios, key=lambda n: abs(math.log(fit.ratios[n])))
+        return [(f"declared {declared.name} ({declared.formula}) but the scales fit no known convention "
+                 f"(closest {closest}, off by {fit.ratio:.3g}x)")]
+    found = CONVENTIONS[fit.convention]
+    if found.decode_per_amax == declared.decode_per_amax:
+        return []
+    factor = declared.decode_per_amax / found.decode_per_amax
+    return [(f"declared {declared.name} ({declared.formula}) but the numbers fit {found.name} ({found.formula}): "
+             f"off by {max(factor, 1 / factor):g}x")]
+
+
 def convention_warnings(where: str, stored: Sequence[float], fit: ConventionFit | None, declared: Convention,
                         expected: Convention | None) -> list[str]:
-    """One-line warnings: every scale 1.0; numbers off from what the reader expects by a convention factor
-    (448: a global scale amax/6 read as vLLM's NVFP4 decode multiplier; 6: FP8 scales read as NVFP4);
-    numbers that fit another convention than the folder declares; numbers that fit none."""
+    """One-line warnings: `convention_problems`, and, for a reader that takes the numbers as they are (vLLM),
+    numbers in another convention than it reads (448: a global scale read as NVFP4's decode multiplier; 6:
+    FP8 scales read as NVFP4)."""
+    problems = convention_problems(stored, fit, declared)
+    out = [f"warning: {where}: {p}" for p in problems]
     if all_ones(stored):
-        return [f"warning: {where}: every K/V scale is 1.0: uncalibrated (vLLM's default), not measured on data"]
-    out = []
-    found = CONVENTIONS[fit.convention] if fit is not None and fit.convention is not None else None
-    if fit is not None and found is None:
-        out.append(f"warning: {where}: the scales fit no known convention (closest "
-                   f"{min(fit.ratios, key=lambda n: abs(math.log(fit.ratios[n])))}, off by {fit.ratio:.3g}x)")
-    if found is not None and found.decode_per_amax != declared.decode_per_amax:
-        out.append(f"warning: {where}: declared {declared.name} ({declared.formula}) but the numbers fit "
-                   f"{found.name} ({found.formula}), off by {declared.decode_per_amax / found.decode_per_amax:g}x")
-    written = found or declared
+        return out
+    written = CONVENTIONS[fit.convention] if fit is not None and fit.convention is not None else declared
     if expected is not None:
         factor = mismatch_factor(written, expected)
         if factor != 1.0:
             big = "too large" if factor > 1 else "too small"
             out.append(f"warning: {where}: the scales are {written.name} ({written.formula}) where a "
-                       f"{expected.kv_format} KV cache expects {expected.name} ({expected.formula}): "
-                       f"off by the factor {max(factor, 1 / factor):g} between conventions ({big})")
+                       f"{expected.kv_format} KV cache reading them as they are expects {expected.name} "
+                       f"({expected.formula}): off by the factor {max(factor, 1 / factor):g} between conventions "
+                       f"({big})")
     return out

@@ -1,17 +1,24 @@
-"""The K/V scales a model folder carries, read the way vLLM 0.32 would find them (torch-free: safetensors
-headers and the few bytes of the scale tensors, config.json, and the folder's own convention file).
+"""The K/V scales a model folder carries, read the way vLLM 0.32 would find them, and resolved into what one
+KV format reads (torch-free: safetensors headers and the few bytes of the scale tensors, config.json, and the
+folder's own convention file).
 
 Fields recognised, per decoder layer i (docs/NVFP4_KV_SCALES.md cites vLLM's remapping of each):
-`<prefix>.layers.{i}.self_attn.k_scale` (compressed-tensors / llm-compressor FP8, this toolkit's export),
+`<prefix>.layers.{i}.self_attn.k_scale` (compressed-tensors / llm-compressor, this toolkit's export),
 `...self_attn.k_proj.k_scale` (ModelOpt), `...self_attn.k_proj.output_scale` (vLLM's fp8 config mapper),
-`...self_attn.k_global_scale` (compressed-tensors tensor_group, llm-compressor's NVFP4 KV), and the same for
-V. A scale is one number per layer or one per KV head (shape (), [1], [H] or [H, 1, 1]).
+`...self_attn.k_global_scale` (compressed-tensors' tensor_group global scale; a hand-built unit case, no
+writer run here stores it), and the same for V. A scale is one number per layer or one per KV head (shape
+(), [1], [H] or [H, 1, 1]).
 
 What the numbers mean (their convention, quant.conventions) is declared, in this order, by the folder's
-`kv_scales_convention.json` (written by quant.export), by a `*_global_scale` field (nvfp4-encode), or by the
-quantization config vLLM reads (a compressed-tensors kv_cache_scheme of 8-bit floats: fp8-decode; of 4-bit
-floats: nvfp4-decode, how vLLM reads a k_scale; ModelOpt's kv_cache_quant_algo). A folder with scales and
-none of these is refused: vLLM would not load its scales at all (every layer keeps 1.0).
+`kv_scales_convention.json` (written by quant.export), by a `*_global_scale` field (nvfp4-encode), by a
+compressed-tensors kv_cache_scheme mapped as compressed-tensors' calculate_qparams defines it
+(quant.conventions.scheme_convention: 8-bit float -> fp8-decode amax/448, 4-bit float -> nvfp4-global amax/6),
+or by ModelOpt's kv_cache_quant_algo. A folder with scales and none of these is refused.
+
+`resolve_folder_scales` is the one reading every command uses (the hf engine and the vLLM plugin through
+quant.scales, `qa run`'s preflight, provenance, `qa kv-inspect`): the declared convention, the fitted one
+when amax observed here is given, the problems that refuse the folder (all 1.0; declared and fitted
+disagree) unless it is taken as it is, and every layer's amax and decode scale in the format being emulated.
 """
 
 from __future__ import annotations
@@ -25,7 +32,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quant.conventions import Convention, get_convention
+from pydantic import BaseModel, ConfigDict, Field
+
+from quant.conventions import (
+    Convention,
+    ConventionFit,
+    convention_problems,
+    expected_convention,
+    fit_convention,
+    get_convention,
+    scheme_convention,
+)
 from quant.errors import QuantError
 from quant.fileio import scales_paths
 
@@ -175,13 +192,15 @@ def _declared(folder: Path, field: str) -> tuple[str, str, dict[str, Any] | None
     files = [config_path] if config_path.is_file() else []
     bits = (scheme.get("type"), scheme.get("num_bits")) if scheme is not None else None
     value_field = field.endswith(("k_scale", "v_scale"))
-    if method == "compressed-tensors" and bits == ("float", 8):
+    vllm_kv = bits == ("float", 8) and (scheme or {}).get("strategy", "tensor") in ("tensor", "attn_head")
+    if method == "compressed-tensors" and vllm_kv:
         loads, how = value_field, (
             "loaded by CompressedTensorsKVCacheMethod into the attention layers' k/v scales, used as they are"
             if value_field else f"{field} is not a name vLLM maps onto the attention layers' scales")
     elif method == "compressed-tensors" and scheme is not None:
         loads, how = False, (f"vLLM 0.32's CompressedTensorsKVCacheMethod refuses a kv_cache_scheme of "
-                             f"num_bits={scheme.get('num_bits')}, type={scheme.get('type')} (NotImplementedError)")
+                             f"num_bits={scheme.get('num_bits')}, type={scheme.get('type')}, strategy="
+                             f"{scheme.get('strategy')} (NotImplementedError)")
     elif method.startswith("modelopt") or (folder / MODELOPT_FILE).is_file():
         loads, how = value_field, "loaded by ModelOpt's KV cache method into the attention layers' k/v scales"
     else:
@@ -196,11 +215,14 @@ def _declared(folder: Path, field: str) -> tuple[str, str, dict[str, Any] | None
     if field.endswith("_global_scale"):
         return "nvfp4-encode", f"field {field.rsplit('.', 1)[1]} (compressed-tensors tensor_group)", scheme, \
             loads, how, files
-    if method == "compressed-tensors" and bits == ("float", 8):
-        return "fp8-decode", "compressed-tensors kv_cache_scheme num_bits=8", scheme, loads, how, files
-    if method == "compressed-tensors" and bits == ("float", 4):
-        return "nvfp4-decode", "compressed-tensors kv_cache_scheme num_bits=4 (a k_scale vLLM reads as decode)", \
-            scheme, loads, how, files
+    if method == "compressed-tensors" and scheme is not None:
+        try:
+            name = scheme_convention(scheme)
+        except QuantError as exc:
+            raise QuantError(f"{folder}: K/V scales under {exc}") from None
+        return name, (f"compressed-tensors kv_cache_scheme num_bits={scheme.get('num_bits')} "
+                      f"{scheme.get('type')} {scheme.get('strategy') or 'tensor'} (calculate_qparams: "
+                      f"amax / (range / 2))"), scheme, loads, how, files
     algo = _modelopt_kv_algo(folder, qc)
     if algo in ("FP8", "NVFP4"):
         extra = [folder / MODELOPT_FILE] if (folder / MODELOPT_FILE).is_file() else []
@@ -273,3 +295,107 @@ def scales_files(path: Path) -> list[Path]:
         except QuantError:
             return []
     return [p for p in scales_paths(path) if p.is_file()]
+
+
+class ObservedAmax(BaseModel):
+    """amax per layer observed here (quant.scale_check.observe_amax): what a folder's numbers are fitted against."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    k: list[float]  # per layer, max over heads
+    v: list[float]
+    on: str  # what was observed, e.g. "smollm2-135m on wikitext2: 4 x 128 tokens"
+
+
+class ScalesReading(BaseModel):
+    """How a folder's K/V scales were read (arm.json `engine_info.kv.folder_scales`, kv-inspect's check)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    folder: str
+    declared: str  # the convention the folder declares (quant.conventions name)
+    declared_by: str
+    fitted: str | None = None  # the convention the numbers fit against amax observed here (None: none fits)
+    fit_ratio: float | None = None  # median stored / what `fitted` (or the closest) stores for that amax
+    fit_on: str | None = None  # what the fit observed; None: no fit was run
+    read_as: str | None  # the convention the emulated format reads (the converted decode scales'); None: none
+    kv_format: str
+    taken_as_is: bool = False  # the spec said scales_as_is = true
+    problems: list[str] = Field(default_factory=list)  # what refuses the folder (kept when taken as it is)
+
+
+@dataclass(frozen=True)
+class ResolvedScales:
+    """A folder's K/V scales as one KV format reads them (resolve_folder_scales)."""
+
+    scales: FolderScales
+    kv_format: str
+    read_as: Convention | None  # the convention kv_format reads its scales in (None: a format without one)
+    fit: ConventionFit | None
+    fit_on: str | None
+    k_amax: tuple[tuple[float, ...], ...]  # per layer (per head): the amax each stored number stands for
+    v_amax: tuple[tuple[float, ...], ...]
+    k_decode: tuple[tuple[float, ...], ...] | None  # the decode scales kv_format reads (None: read_as is None)
+    v_decode: tuple[tuple[float, ...], ...] | None
+    problems: tuple[str, ...]
+    taken_as_is: bool
+
+    @property
+    def declared(self) -> Convention:
+        """The convention the folder declares."""
+        return self.scales.convention
+
+    def sha256(self) -> str:
+        """sha256 of the files the scales and their meaning were read from (FolderScales.sha256)."""
+        return self.scales.sha256()
+
+    def reading(self) -> ScalesReading:
+        """The record of this reading (provenance, kv-inspect)."""
+        fit = self.fit
+        return ScalesReading(folder=str(self.scales.folder), declared=self.declared.name,
+                             declared_by=self.scales.declared_by, fitted=fit.convention if fit else None,
+                             fit_ratio=fit.ratio if fit else None, fit_on=self.fit_on if fit else None,
+                             read_as=self.read_as.name if self.read_as else None, kv_format=self.kv_format,
+                             taken_as_is=self.taken_as_is, problems=list(self.problems))
+
+
+def _amax(stored: tuple[tuple[float, ...], ...], conv: Convention) -> tuple[tuple[float, ...], ...]:
+    """The amax each stored number stands for under `conv` (float64: amax = stored * D, or D / gs)."""
+    return tuple(tuple(conv.per_amax / x if conv.reciprocal else x * conv.per_amax for x in per) for per in stored)
+
+
+def _decode(stored: tuple[tuple[float, ...], ...], amax: tuple[tuple[float, ...], ...], declared: Convention,
+            read_as: Convention) -> tuple[tuple[float, ...], ...]:
+    """The decode scales `read_as` reads: the stored numbers themselves when they are already in it (bit for
+    bit), else amax / D of `read_as`."""
+    if declared.name == read_as.name:
+        return stored
+    return tuple(tuple(a / read_as.per_amax for a in per) for per in amax)
+
+
+def resolve_folder_scales(folder: Path, kv_format: str, *, take_as_is: bool = False,
+                          observed: ObservedAmax | None = None) -> ResolvedScales:
+    """Read `folder`'s K/V scales for a KV cache of `kv_format`: the declared convention, the fit against
+    `observed` amax (when given), and every layer's amax and decode scale in `kv_format`. QuantError (one
+    line, naming the fix) when the folder is unreadable, or when the numbers are all 1.0 or fit another
+    convention than declared, unless `take_as_is` (then the problems are kept in the result)."""
+    fs = read_folder_scales(Path(folder))
+    stored = fs.stored()
+    fit = None
+    if observed is not None:
+        if len(observed.k) != fs.num_layers or len(observed.v) != fs.num_layers:
+            raise QuantError(f"{fs.folder}: scales for {fs.num_layers} layers, the model observed has "
+                             f"{len(observed.k)}")
+        fit = fit_convention(stored, [*observed.k, *observed.v], reciprocal=fs.convention.reciprocal)
+    problems = tuple(convention_problems(stored, fit, fs.convention))
+    if problems and not take_as_is:
+        on = f" (fit on {observed.on})" if observed is not None else ""
+        raise QuantError(f"{fs.folder}: K/V scales refused: {problems[0]}{on}; fix the folder, or set "
+                         "scales_as_is = true in the kv spec to run them as declared")
+    read_as = expected_convention(kv_format)
+    k_amax, v_amax = _amax(fs.k, fs.convention), _amax(fs.v, fs.convention)
+    k_dec = _decode(fs.k, k_amax, fs.convention, read_as) if read_as is not None else None
+    v_dec = _decode(fs.v, v_amax, fs.convention, read_as) if read_as is not None else None
+    return ResolvedScales(scales=fs, kv_format=kv_format, read_as=read_as, fit=fit,
+                          fit_on=observed.on if observed is not None else None, k_amax=k_amax, v_amax=v_amax,
+                          k_decode=k_dec, v_decode=v_dec, problems=problems, taken_as_is=take_as_is)

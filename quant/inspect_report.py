@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_text
+from quant.folder_scales import ScalesReading
 from quant.kv_spec import KVQuantSpec
 from quant.validation import first_error
 
@@ -78,6 +79,7 @@ class FolderScalesCheck(BaseModel):
     ratios: dict[str, float]  # that median for every candidate convention
     layers: list[LayerScaleFit]
     warnings: list[str]  # one line each
+    reading: ScalesReading | None = None  # the folder as resolve_folder_scales read it for inspected_format
 
 
 class InspectReport(BaseModel):

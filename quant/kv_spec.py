@@ -9,7 +9,9 @@ checked against quant.kv_catalog, so validating a spec loads no torch.
 `scales` is a mode or a model folder: `scales = "DIR"` reads the K/V scales DIR carries (quant.folder_scales:
 this toolkit's export, llm-compressor's, ModelOpt's), checked here once (a one-line error for a folder without
 scales or in an unknown convention), and stands for `scales = "static", scales_file = "DIR"`, the form the
-spec is dumped in (so re-reading a dumped spec never touches the folder).
+spec is dumped in (so re-reading a dumped spec never touches the folder). `scales_as_is = true` runs a
+folder's scales as it declares them even where `qa run` would refuse them (all 1.0, or numbers that fit
+another convention than declared: quant.folder_scales.resolve_folder_scales); dumped only when set.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pydantic import (
 )
 
 from quant.errors import QuantError
-from quant.folder_scales import read_folder_scales
+from quant.folder_scales import resolve_folder_scales
 from quant.kv_catalog import FORMAT_NAMES, PROFILE_ONLY_FORMATS, get_profile, unknown_format
 from quant.validation import did_you_mean, first_error
 
@@ -88,8 +90,8 @@ class PrefixCacheSpec(BaseModel):
     # on a hit of P cached positions, positions [P - replay_window, P) are recomputed from the cached
     # earlier ones instead of read (bounded replay); 0 reads all P
     replay_window: int = Field(default=0, ge=0)
-    # hits are whole blocks and prompts are prefilled in chunks that end at multiples of `block` tokens,
-    # so a warm prompt runs the same forward shapes after its hit as the cold one
+    # hits are whole blocks (entries are kept at whole blocks); prompts are prefilled in passes of up to the
+    # engine's prefill_chunk tokens from the first uncached position (evals.engines.hf.args)
     block: int = Field(default=64, ge=1)
     max_tokens: int = Field(default=16384, ge=1)  # cached positions kept (least recently used dropped first)
 
@@ -118,6 +120,7 @@ class KVQuantSpec(BaseModel):
     # a model folder's path: static, the scales that folder carries (see the module docstring)
     scales: ScaleMode = "dynamic"
     scales_file: Path | None = None
+    scales_as_is: bool = False  # a folder's scales run as declared even when refused (module docstring)
     # `float | int`: a value written as 1 stays 1, so arm.json fingerprints what the spec wrote
     constant_scale: float | int | None = None
     recent_window: int = Field(default=0, ge=0)  # last N positions kept in recent_format (0 = no window)
@@ -150,7 +153,8 @@ class KVQuantSpec(BaseModel):
             raise ValueError(f"scales {str(given)!r}: not a model folder; {hint}")
         if data.get("scales_file") is not None:
             raise ValueError("scales = a folder names the scales itself; drop scales_file")
-        read_folder_scales(folder)  # QuantError (a ValueError): no scales, or in an unknown convention
+        # QuantError (a ValueError): no scales, in an unknown convention, or refused (all 1.0) unless taken as is
+        resolve_folder_scales(folder, str(data.get("format", "nvfp4")), take_as_is=data.get("scales_as_is") is True)
         return {**data, "scales": "static", "scales_file": folder}
 
     @field_validator("profile")
@@ -167,6 +171,8 @@ class KVQuantSpec(BaseModel):
             data.pop("profile", None)  # specs without a profile dump (and fingerprint) as before
         if self.prefix_cache is None:
             data.pop("prefix_cache", None)  # likewise specs without a prefix cache
+        if not self.scales_as_is:
+            data.pop("scales_as_is", None)  # likewise specs that take no folder as it is
         return data
 
     @field_validator("format", "recent_format")
@@ -203,6 +209,8 @@ class KVQuantSpec(BaseModel):
             raise ValueError(f"constant_scale must be positive and finite, got {self.constant_scale}")
         if self.scales_file is not None and self.scales != "static":
             raise ValueError("scales_file is only used with scales = 'static'")
+        if self.scales_as_is and self.scales_file is None:
+            raise ValueError("scales_as_is is read only with scales = a model folder (scales = \"DIR\")")
         overlap = sorted(set(self.skip_layers) & set(self.layer_formats))
         if overlap:
             raise ValueError(f"layers {overlap} are both skipped and given a format in layer_formats")

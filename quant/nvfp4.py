@@ -1,7 +1,7 @@
 """NVFP4: FP4 E2M1 elements in blocks of 16, one FP8 E4M3 scale per block, one FP32 scale per tensor.
 
 Bit-exact with the kernel operation order of TensorRT-LLM / vLLM (`cvt_warp_fp16_to_fp4`) and
-FlashInfer's reference quantizer (see docs/NVFP4.md in the shared folder):
+FlashInfer's reference quantizer (docs/NVFP4.md):
 
     SF   = gs * (amax_block * (1/6))         # fp32, 1/6 rounded to fp32 first
     s    = e4m3(SF)                          # RNE, saturating at 448; SF <= 2**-10 underflows to 0

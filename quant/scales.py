@@ -7,9 +7,12 @@ d = amax / (448 * 6) for NVFP4, amax / 448 for FP8 E4M3), each [L] (granularity 
 Only safetensors is read (never a pickle); NaN, Inf, zero or negative values are rejected.
 
 `KVScales.load` also takes a model folder with K/V scales (quant.folder_scales: ours, llm-compressor's,
-ModelOpt's): `k_scale` is then the decode scale vLLM would apply (the stored number; 1 / gs for a
-compressed-tensors global scale) and `k_amax` the amax that gives exactly that decode scale in the folder's
-format (amax_for_decode), so the emulator stores K/V with the scales a server would load.
+ModelOpt's), read by `resolve_folder_scales` for the KV format that will read them (`kv_format`; the folder's
+own format when not given): `k_amax` is the amax each stored number stands for in the convention the folder
+declares, `k_scale` the decode scale of that format, and where the format reads a tensor-scale convention
+the amax is the one that gives exactly the converted decode scale (amax_for_decode), so a folder already in
+the format's convention round-trips to the bit. `load_spec_scales(spec)` is the same for a kv spec (its
+format, `scales_as_is`).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_bytes, scales_paths
-from quant.folder_scales import FolderScales, read_folder_scales
+from quant.folder_scales import FolderScales, ResolvedScales, read_folder_scales, resolve_folder_scales
 from quant.formats import get_format
+from quant.kv_spec import KVQuantSpec
 from quant.validation import first_error
 
 SCALES_SCHEMA_VERSION = 1
@@ -137,11 +141,14 @@ class KVScales:
         return tensors_path, meta_path
 
     @classmethod
-    def load(cls, path: Path) -> KVScales:
-        """Read a scales file pair, or a model folder's K/V scales (`from_folder`); QuantError when missing,
-        malformed, in an unknown convention or holding invalid values."""
+    def load(cls, path: Path, *, kv_format: str | None = None, take_as_is: bool = False) -> KVScales:
+        """Read a scales file pair, or a model folder's K/V scales resolved for `kv_format` (the folder's own
+        format when None; `from_resolved`); QuantError when missing, malformed, in an unknown convention,
+        refused (quant.folder_scales.resolve_folder_scales, unless `take_as_is`) or holding invalid values."""
         if Path(path).is_dir():
-            return cls.from_folder(read_folder_scales(Path(path)))
+            if kv_format is None:
+                kv_format = read_folder_scales(Path(path)).convention.kv_format
+            return cls.from_resolved(resolve_folder_scales(Path(path), kv_format, take_as_is=take_as_is))
         from safetensors import SafetensorError  # safetensors: only when scales are read
         from safetensors.torch import load  # safetensors: only when scales are read
 
@@ -164,29 +171,39 @@ class KVScales:
         return cls(**{n: tensors[n] for n in TENSOR_NAMES}, meta=meta)
 
     @classmethod
-    def from_folder(cls, fs: FolderScales) -> KVScales:
-        """The scales a model folder carries, as the decode scales vLLM would apply, in the format its
-        convention is meant for (module docstring)."""
-        fmt = get_format(fs.convention.kv_format)
+    def from_resolved(cls, rs: ResolvedScales) -> KVScales:
+        """A model folder's scales as `rs` resolved them for its KV format (module docstring)."""
+        fs = rs.scales
+        fmt = get_format(rs.read_as.kv_format if rs.read_as is not None else fs.convention.kv_format)
         heads = {len(x) for x in (*fs.k, *fs.v)}
         per_head = len(heads) == 1 and heads != {1}
         tensors = {}
-        for kind, stored in (("k", fs.k), ("v", fs.v)):
-            rows = [list(x) if per_head else [max(x)] for x in stored]
-            d = torch.tensor(rows, dtype=torch.float64)
-            d = (1.0 / d if fs.convention.reciprocal else d).to(torch.float32)  # [L, H] or [L, 1]
-            amax = amax_for_decode(d, fmt.decode_scale_from_amax)
+        for kind, amax_rows, decode_rows in (("k", rs.k_amax, rs.k_decode), ("v", rs.v_amax, rs.v_decode)):
+            rows = decode_rows if decode_rows is not None else amax_rows
+            t = torch.tensor([list(x) if per_head else [max(x)] for x in rows], dtype=torch.float64)
+            amax = amax_for_decode(t, fmt.decode_scale_from_amax) if decode_rows is not None else t.to(torch.float32)
             amax = amax if per_head else amax[:, 0]  # [L, H] or [L]
             tensors[f"{kind}_amax"] = amax.contiguous()
             tensors[f"{kind}_scale"] = fmt.decode_scale_from_amax(amax).contiguous()
         granularity: Granularity = "head" if per_head else "tensor"
-        meta = _recorded_meta(fs, fmt.name, granularity) or ScalesMeta(
-            format=fmt.name, convention=f"{fs.convention.name}: {fs.convention.formula} ({fs.declared_by})",
-            observer=EXTERNAL, granularity=granularity, num_layers=fs.num_layers,
+        conv = f"{fs.convention.name}: {fs.convention.formula} ({fs.declared_by})"
+        if rs.read_as is not None and rs.read_as.name != fs.convention.name:
+            conv += f", read as {rs.read_as.name} ({rs.read_as.formula})"
+        same = rs.read_as is not None and rs.read_as.name == fs.convention.name
+        meta = (_recorded_meta(fs, fmt.name, granularity) if same else None) or ScalesMeta(
+            format=fmt.name, convention=conv, observer=EXTERNAL, granularity=granularity, num_layers=fs.num_layers,
             num_kv_heads=heads.pop() if per_head else 1, model=str(fs.folder),
             data=CalibrationData(name=f"{fs.folder.name} (checkpoint)", sha256=fs.values_sha256(), n_samples=0, seq_len=0),
             seed=0)
         return cls(**tensors, meta=meta)
+
+
+def load_spec_scales(spec: KVQuantSpec) -> KVScales | None:
+    """The static scales a kv spec names (None unless scales = 'static' with a scales_file): a file pair, or
+    a model folder resolved for the spec's format, taken as it is when the spec says `scales_as_is`."""
+    if spec.scales != "static" or spec.scales_file is None:
+        return None
+    return KVScales.load(spec.scales_file, kv_format=spec.format, take_as_is=spec.scales_as_is)
 
 
 def _recorded_meta(fs: FolderScales, fmt: str, granularity: Granularity) -> ScalesMeta | None:

@@ -2,9 +2,10 @@
 `quant.inspect.inspect_kv`). Torch is imported when the command runs, never when the CLI starts.
 
 A model folder that carries K/V scales (`--model DIR`, ours, llm-compressor's, ModelOpt's; or `--scales DIR`)
-is inspected with those scales, and its convention is checked (`quant.scale_check`): the fields found, the
-convention declared and the one the numbers fit against amax observed here on the same prompts; each
-warning is one line on stderr."""
+is read by quant.folder_scales.resolve_folder_scales against amax observed here on the same prompts
+(`quant.scale_check`), taken as it is (an inspection reports, it does not refuse): the fields found, the
+convention declared and the one the numbers fit, and the cache is inspected with the scales converted for
+`--format`, as `qa run` would run them; each warning is one line on stderr."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, 
 from qa.report.plots import write_kv_plot
 from quant.errors import QuantError
 from quant.fault_presets import FAULT_PRESETS, fault_spec
-from quant.folder_scales import has_kv_scales, read_folder_scales
+from quant.folder_scales import has_kv_scales
 from quant.inspect_report import FolderScalesCheck, InspectReport
 from quant.kv_spec import kv_spec_from_dict
 
@@ -65,8 +66,8 @@ def kv_inspect_command(
     folder = scales if scales is not None and scales.is_dir() else None
     if scales is None and constant_scale is None and Path(model).is_dir() and has_kv_scales(Path(model)):
         folder = Path(model)  # a checkpoint with K/V scales: inspect (and check) the scales it carries
-    if folder is not None:
-        fields.update(scales=str(folder))  # the folder form of the spec: read and checked there
+    if folder is not None:  # the folder form of the spec, taken as it is: its problems are reported below
+        fields.update(scales=str(folder), scales_as_is=True)
     elif scales is not None:
         fields.update(scales="static", scales_file=scales)
     elif constant_scale is not None:
@@ -78,15 +79,21 @@ def kv_inspect_command(
     spec = kv_spec_from_dict(fields)
     if fault is not None:
         spec = fault_spec(fault, spec)
-    loaded = KVScales.load(spec.scales_file) if spec.scales == "static" and spec.scales_file else None
+    # a scales file reads before the model loads; a folder's scales are resolved against the model below
+    static_file = spec.scales == "static" and spec.scales_file is not None and folder is None
+    loaded = KVScales.load(spec.scales_file) if static_file and spec.scales_file is not None else None
     resolved = resolve_model(model)
     hf_model, tokenizer = load_model(resolved, dtype=dtype, device=device)
-    _, prompts = load_prompts(tokenizer, data, data_dir, n_prompts, seq_len, seed)
-    report = inspect_kv(hf_model, prompts, spec, loaded, model_name=model)
+    data_name, prompts = load_prompts(tokenizer, data, data_dir, n_prompts, seq_len, seed)
+    check = None
     if folder is not None:
         from quant.scale_check import check_folder_scales  # torch: the check observes the model
 
-        check = check_folder_scales(hf_model, prompts, read_folder_scales(folder), spec.format)
+        on = f"{model} on {data_name}: {prompts.shape[0]} x {prompts.shape[1]} tokens"
+        rs, check = check_folder_scales(hf_model, prompts, folder, spec.format, on=on)
+        loaded = KVScales.from_resolved(rs)
+    report = inspect_kv(hf_model, prompts, spec, loaded, model_name=model)
+    if check is not None:
         report = report.model_copy(update={"scales_check": check})
     if plot is not None:
         write_kv_plot(report, plot)
@@ -101,6 +108,7 @@ def kv_inspect_command(
         typer.echo(f"wrote {plot}")
     for line in report.scales_check.warnings if report.scales_check is not None else []:
         typer.echo(line, err=True)
+
 
 
 def _scales_summary(check: FolderScalesCheck) -> str:

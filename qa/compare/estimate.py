@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats
 
+from qa.compare.direction import higher_is_better
 from qa.compare.pairing import PairedMetric, PairedTask, paired_metric
 from qa.files.comparison import Agreement, CIMethod, Estimate, ExcessFlips, Multiplicity, StatsSettings
 from qa.stats.basic import cluster_mean_se, flips, gate_mean_se, share, wilson
@@ -50,7 +51,8 @@ def _method(pm: PairedMetric, d: np.ndarray, se_p: float | None, df: int, cluste
 
 
 def estimate(pm: PairedMetric, settings: StatsSettings) -> Estimate:
-    """All statistics of one (task, metric, filter); delta = candidate - baseline."""
+    """All statistics of one (task, metric, filter); delta = candidate - baseline; items better / worse,
+    McNemar's discordant counts and flips by the metric's direction (qa.compare.direction)."""
     n = len(pm.base)
     a, b = pm.base, pm.cand
     d = b - a  # (n,) candidate - baseline per item
@@ -74,7 +76,9 @@ def estimate(pm: PairedMetric, settings: StatsSettings) -> Estimate:
     sd_a, sd_b = (float(np.std(x, ddof=1)) if n > 1 else None for x in (a, b))
     rho = float(np.corrcoef(a, b)[0, 1]) if sd_a and sd_b else None
     score_range = max(1.0, float(np.max(np.abs(np.concatenate([a, b])))))
-    n10, n01 = discordant_items(d)
+    up = higher_is_better(pm.metric)
+    below, above = discordant_items(d)  # items with d < 0, d > 0
+    n10, n01 = (below, above) if up else (above, below)  # candidate worse (regressions), better (improvements)
     mcn = mcnemar(n10, n01, repeats) if pm.binary else None
     if mcn is not None and n10 == n01:
         notes.append(f"{'McNemar' if repeats <= 1 else 'sign test on items'}: n10 == n01, p = 1 by convention")
@@ -91,8 +95,8 @@ def estimate(pm: PairedMetric, settings: StatsSettings) -> Estimate:
         se_baseline=se_a, se_candidate=se_b, se_unpaired=se_unp, se_paired=se_p,
         sd_diff=se_p * math.sqrt(n) if se_p is not None else None, sd_within=within_sd(pm),
         df=df if se_p is not None else None, rho=rho, score_range=score_range,
-        items_worse=n10, items_better=n01, ci_method=method,
-        mcnemar=mcn, flips=flips(pm.pair_base, pm.pair_cand), agreement=agreement,
+        items_worse=n10, items_better=n01, higher_is_better=up, ci_method=method,
+        mcnemar=mcn, flips=flips(pm.pair_base, pm.pair_cand, up), agreement=agreement,
         bootstrap=bootstrap_delta(d, clusters, settings.bootstrap_n, settings.seed) if settings.bootstrap_n else None,
         notes=notes,
     )

@@ -136,6 +136,37 @@ class CacheKLDelta(Frozen):
     ci95: Interval | None
 
 
+class ReferenceStat(Frozen):
+    """A mean over items, SE CR1 over the items' clusters; the gate reads its t interval from se and df."""
+
+    value: float
+    se: float | None
+    df: int | None
+    ci95: Interval | None
+
+
+class ReferenceEstimate(Frozen):
+    """The reference-answer signal of one task (qa.compare.reference): per item (repeats averaged first) the
+    change in mean log-prob of its reference tokens (candidate - baseline, nats/token) and the mean
+    KL(baseline || candidate) over them. n = 0 with `unavailable`: an arm's engine gave no log-probs."""
+
+    task: str
+    n: int  # paired items scored in both arms
+    n_clusters: int
+    n_tokens: int  # reference tokens over those items (one repeat each)
+    n_missing: int  # paired samples without reference log-probs in an arm
+    unavailable: str | None = None
+    mean_logprob_baseline: float | None = None  # nats/token, mean over items
+    mean_logprob_candidate: float | None = None
+    delta_logprob: ReferenceStat | None = None
+    kld: ReferenceStat | None = None
+    kld_p99: float | None = None  # per-token KL percentiles
+    kld_max: float | None = None
+    floor_delta_logprob: float | None = None  # baseline rerun vs baseline (A/A floor)
+    floor_kld: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
 class CachePathEstimate(Frozen):
     """The cache path of one sessions task, the candidate's warm-vs-cold divergence next to the baseline's
     (its floor). excess_flips: X = candidate warm != cold, the "rerun" side = the baseline's warm != cold;
@@ -147,6 +178,8 @@ class CachePathEstimate(Frozen):
     kld: CacheKLDelta | None = None
     excess_flips: dict[str, ExcessFlips] = Field(default_factory=dict)
     accuracy: list[Estimate] = Field(default_factory=list)
+    # the candidate's warm path vs the baseline's cold path on the turns' teacher-forced reference answers
+    warm_reference: ReferenceEstimate | None = None
     notes: list[str] = Field(default_factory=list)
 
 
@@ -180,37 +213,6 @@ class SequentialTask(Frozen):
     decision: Literal["pass", "fail", "continue", "final"]
     items_used: int
     items_saved: int
-
-
-class ReferenceStat(Frozen):
-    """A mean over items, SE CR1 over the items' clusters; the gate reads its t interval from se and df."""
-
-    value: float
-    se: float | None
-    df: int | None
-    ci95: Interval | None
-
-
-class ReferenceEstimate(Frozen):
-    """The reference-answer signal of one task (qa.compare.reference): per item (repeats averaged first) the
-    change in mean log-prob of its reference tokens (candidate - baseline, nats/token) and the mean
-    KL(baseline || candidate) over them. n = 0 with `unavailable`: an arm's engine gave no log-probs."""
-
-    task: str
-    n: int  # paired items scored in both arms
-    n_clusters: int
-    n_tokens: int  # reference tokens over those items (one repeat each)
-    n_missing: int  # paired samples without reference log-probs in an arm
-    unavailable: str | None = None
-    mean_logprob_baseline: float | None = None  # nats/token, mean over items
-    mean_logprob_candidate: float | None = None
-    delta_logprob: ReferenceStat | None = None
-    kld: ReferenceStat | None = None
-    kld_p99: float | None = None  # per-token KL percentiles
-    kld_max: float | None = None
-    floor_delta_logprob: float | None = None  # baseline rerun vs baseline (A/A floor)
-    floor_kld: float | None = None
-    notes: list[str] = Field(default_factory=list)
 
 
 class Comparison(Frozen):

@@ -35,8 +35,9 @@ class Interval(Frozen):
 
 
 class McNemar(Frozen):
-    """McNemar on the discordant *items* of binary scores: n10 = items where the baseline scored higher
-    (regressions), n01 = the reverse. Exact: two-sided binomial, p = min(1, 2 P(X <= min)); mid-p: exact
+    """McNemar on the discordant *items* of binary scores: n10 = items where the baseline is better
+    (regressions: it scored higher, or lower for a lower-is-better metric, qa.compare.direction), n01 = the
+    reverse (improvements). Exact: two-sided binomial, p = min(1, 2 P(X <= min)); mid-p: exact
     minus P(X = n10) (Fagerland et al. 2013). With one repeat this is McNemar's test (`method`
     "mcnemar"); with K > 1 repeats it is the same exact test on item-mean differences, the sign test
     ("sign_test_items"): (item, repeat) pairs are not independent. n10 == n01 gives p = 1 for both."""
@@ -51,11 +52,12 @@ class McNemar(Frozen):
 
 class Flips(Frozen):
     """Share of (item, repeat) pairs whose score differs between arms, both directions, with
-    Wilson 95% intervals. For non-binary scores a flip is any unequal score."""
+    Wilson 95% intervals. For non-binary scores a flip is any unequal score. Regressions and improvements
+    follow the metric's direction (qa.compare.direction)."""
 
     n: int
-    n10: int  # baseline scored higher (regressions)
-    n01: int  # candidate scored higher (improvements)
+    n10: int  # baseline better (regressions): scored higher, or lower for a lower-is-better metric
+    n01: int  # candidate better (improvements)
     rate: float
     ci95: Interval
     regress_rate: float
@@ -149,8 +151,11 @@ class Estimate(Frozen):
     df: int | None = None  # t degrees of freedom: n - 1, or clusters - 1
     rho: float | None = None  # Pearson correlation of the per-item means of the two arms
     score_range: float = 1.0  # largest |score| (at least 1): bounds a difference for the degenerate interval
-    items_worse: int | None = None  # items whose difference is < 0 (None: not known, v1 files)
-    items_better: int | None = None  # items whose difference is > 0
+    # items where the candidate is worse / better, by the metric's direction (`higher_is_better`): the
+    # difference d = candidate - baseline is < 0 / > 0, or > 0 / < 0 for a lower-is-better metric (None: v1)
+    items_worse: int | None = None
+    items_better: int | None = None
+    higher_is_better: bool = True  # the metric's direction (qa.compare.direction)
     ci_method: CIMethod
     ci90: Interval | None = None
     ci95: Interval | None = None
@@ -161,6 +166,13 @@ class Estimate(Frozen):
     multiplicity: Multiplicity | None = None
     excess_flips: ExcessFlips | None = None  # only with a baseline-rerun arm
     notes: list[str] = Field(default_factory=list)  # about the method, never about a decision
+
+    def items_by_sign(self) -> tuple[int, int] | None:
+        """(items with d > 0, items with d < 0) whatever the direction (None: not known, v1 files)."""
+        if self.items_better is None or self.items_worse is None:
+            return None
+        up, down = self.items_better, self.items_worse
+        return (up, down) if self.higher_is_better else (down, up)
 
 
 class ArmGeneration(Frozen):

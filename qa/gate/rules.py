@@ -35,6 +35,7 @@ from qa.files.comparison import Comparison, Estimate, GenerationEstimate, Sequen
 from qa.files.policy import AUTO_METRICS, Policy, TaskPolicy
 from qa.files.verdict import RuleResult, Status, TaskVerdict, Verdict
 from qa.gate.cache_path import with_cache_path
+from qa.gate.margin import interval_status
 from qa.gate.reference import with_reference
 from qa.stats.intervals import delta_interval, p_below
 from qa.stats.multiplicity import holm
@@ -53,17 +54,16 @@ def _ci_rule(est: Estimate, tp: TaskPolicy, rule: str, decides: bool) -> RuleRes
         return RuleResult(**common, status="inconclusive", detail="CI undefined (too few items)")
     text = ci_text(ci, level)
     if rule == "noninferiority":
-        if ci.lower > -m:
-            return RuleResult(**common, status="pass", detail=f"non-inferior: {text} lies above -{100 * m:.1f} pts")
-        if ci.upper < -m:
-            return RuleResult(**common, status="fail", detail=f"worse: {text} lies below -{100 * m:.1f} pts")
-        return RuleResult(**common, status="inconclusive", detail=f"{text} straddles -{100 * m:.1f} pts")
+        status = interval_status(ci, above=-m)
+        edge = f"-{100 * m:.1f} pts"
+        detail = {"pass": f"non-inferior: {text} lies above {edge}", "fail": f"worse: {text} lies below {edge}",
+                  "inconclusive": f"{text} straddles {edge}"}[status]
+        return RuleResult(**common, status=status, detail=detail)
+    status = interval_status(ci, above=-m, below=m)
     band = f"(-{100 * m:.1f}, +{100 * m:.1f}) pts"
-    if -m < ci.lower and ci.upper < m:
-        return RuleResult(**common, status="pass", detail=f"equivalent: {text} inside {band}")
-    if ci.upper < -m or ci.lower > m:
-        return RuleResult(**common, status="fail", detail=f"not equivalent: {text} outside {band}")
-    return RuleResult(**common, status="inconclusive", detail=f"{text} overlaps the edge of {band}")
+    detail = {"pass": f"equivalent: {text} inside {band}", "fail": f"not equivalent: {text} outside {band}",
+              "inconclusive": f"{text} overlaps the edge of {band}"}[status]
+    return RuleResult(**common, status=status, detail=detail)
 
 
 def noninferiority(est: Estimate, tp: TaskPolicy, decides: bool = True) -> RuleResult:
@@ -115,12 +115,11 @@ def truncation(gen: GenerationEstimate | None, tp: TaskPolicy) -> RuleResult | N
     if ci is None:
         return RuleResult(**common, status="inconclusive", detail=f"{counts}; CI undefined (too few items)")
     text = f"change in truncation rate {pts(est.delta)}, {ci_text(ci, level)}"
-    if ci.upper < m:
-        return RuleResult(**common, ci=ci, status="pass", detail=f"{text} lies below +{100 * m:.1f} pts ({counts})")
-    if ci.lower > m:
-        return RuleResult(**common, ci=ci, status="fail",
-                          detail=f"candidate truncates more: {text} lies above +{100 * m:.1f} pts ({counts})")
-    return RuleResult(**common, ci=ci, status="inconclusive", detail=f"{text} straddles +{100 * m:.1f} pts ({counts})")
+    status = interval_status(ci, below=m)
+    edge = f"+{100 * m:.1f} pts ({counts})"
+    detail = {"pass": f"{text} lies below {edge}", "fail": f"candidate truncates more: {text} lies above {edge}",
+              "inconclusive": f"{text} straddles {edge}"}[status]
+    return RuleResult(**common, ci=ci, status=status, detail=detail)
 
 
 def no_information(est: Estimate) -> str | None:
@@ -152,15 +151,26 @@ def select_estimate(comparison: Comparison, task: str, tp: TaskPolicy, explicit:
     have = [f"{e.metric},{e.filter}" for e in ests]
     if tp.metric is not None:
         if tp.metric in have:
-            return ests[have.index(tp.metric)]
+            return _higher_is_better(ests[have.index(tp.metric)], have)
         where = f"[tasks.{task}]" if explicit else "[default]"
         raise PolicyError(f"policy {where} metric {tp.metric!r} not in the comparison for {task} (has: {', '.join(have)})")
     if len(ests) == 1:
-        return ests[0]
+        return _higher_is_better(ests[0], have)
     for key in AUTO_METRICS:
         if key in have:
             return ests[have.index(key)]
     raise PolicyError(f"task {task} has several metrics ({', '.join(have)}); set [tasks.{task}] metric = one of them")
+
+
+def _higher_is_better(est: Estimate, have: list[str]) -> Estimate:
+    """`est`, or PolicyError when its metric is lower-is-better (Estimate.higher_is_better): the rules read
+    delta = candidate - baseline with higher as better (a margin below zero), so they would pass a worse one."""
+    if est.higher_is_better:
+        return est
+    others = [k for k in have if k != f"{est.metric},{est.filter}"]
+    hint = f"gate one of {', '.join(others)}" if others else "gate another task's metric"
+    raise PolicyError(f"task {est.task}: {est.metric},{est.filter} is lower-is-better and the gate's margins read "
+                      f"higher as better; {hint} (its change stays in comparison.json)")
 
 
 def _power(est: Estimate, tp: TaskPolicy) -> tuple[float | None, int | None, int | None]:

@@ -83,11 +83,12 @@ def share(mask: np.ndarray | None) -> AgreementShare | None:
     return AgreementShare(n=n, agree=k, share=k / n if n else 0.0, ci95=wilson(k, n))
 
 
-def flips(pair_base: np.ndarray, pair_cand: np.ndarray) -> Flips:
-    """(item, repeat) pairs whose score differs, both directions, with Wilson 95% intervals."""
+def flips(pair_base: np.ndarray, pair_cand: np.ndarray, higher_is_better: bool = True) -> Flips:
+    """(item, repeat) pairs whose score differs, both directions, with Wilson 95% intervals; n10 counts the
+    baseline better (higher, or lower when not `higher_is_better`), n01 the candidate better."""
     n = int(pair_base.size)
-    n10 = int(np.sum(pair_base > pair_cand))
-    n01 = int(np.sum(pair_cand > pair_base))
+    higher, lower = int(np.sum(pair_base > pair_cand)), int(np.sum(pair_cand > pair_base))
+    n10, n01 = (higher, lower) if higher_is_better else (lower, higher)
     return Flips(
         n=n, n10=n10, n01=n01,
         rate=(n10 + n01) / n if n else 0.0, ci95=wilson(n10 + n01, n),

@@ -49,8 +49,8 @@ def delta_interval(est: Estimate, level: float) -> Interval | None:
         return None
     if est.ci_method == "degenerate":
         return degenerate_interval(est.delta, est.n, est.score_range, level)
-    if est.ci_method == "tango_score" and est.items_better is not None and est.items_worse is not None:
-        return tango_interval(est.items_better, est.items_worse, est.n, level)
+    if est.ci_method == "tango_score" and (signs := est.items_by_sign()) is not None:
+        return tango_interval(*signs, est.n, level)
     if est.se_paired is None or est.df is None or est.df < 1:
         return None
     return t_interval(est.delta, est.se_paired, est.df, level)
@@ -71,8 +71,8 @@ def p_below(est: Estimate, delta0: float) -> float | None:
         return None
     if est.ci_method == "degenerate":
         return _degenerate_p_below(est.delta, est.n, est.score_range, delta0)
-    if est.ci_method == "tango_score" and est.items_better is not None and est.items_worse is not None:
-        return 1.0 - tango_p_greater(est.items_better, est.items_worse, est.n, delta0)
+    if est.ci_method == "tango_score" and (signs := est.items_by_sign()) is not None:
+        return 1.0 - tango_p_greater(*signs, est.n, delta0)
     if est.se_paired is None or est.df is None or est.df < 1 or est.se_paired == 0:
         return None
     return float(stats.t.cdf((est.delta - delta0) / est.se_paired, est.df))
@@ -84,8 +84,8 @@ def p_above(est: Estimate, delta0: float) -> float | None:
         return None
     if est.ci_method == "degenerate":
         return _degenerate_p_below(-est.delta, est.n, est.score_range, -delta0)
-    if est.ci_method == "tango_score" and est.items_better is not None and est.items_worse is not None:
-        return tango_p_greater(est.items_better, est.items_worse, est.n, delta0)
+    if est.ci_method == "tango_score" and (signs := est.items_by_sign()) is not None:
+        return tango_p_greater(*signs, est.n, delta0)
     if est.se_paired is None or est.df is None or est.df < 1 or est.se_paired == 0:
         return None
     return float(stats.t.sf((est.delta - delta0) / est.se_paired, est.df))

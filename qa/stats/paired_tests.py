@@ -20,7 +20,7 @@ Z_EPS = 1e-12  # keeps Tango's statistic off the +-1 boundary, where its varianc
 def mcnemar(n10: int, n01: int, repeats: int = 1) -> McNemar:
     """Exact McNemar (two-sided binomial on the discordant items, scipy binomtest) and its mid-p:
     mid-p = exact - P(X = n10), X ~ Bin(n10 + n01, 1/2) (Fagerland, Lydersen & Laake 2013, eq. 5).
-    Counts are *items* (n10: baseline item mean higher, n01: candidate higher). With one repeat this is
+    Counts are *items* (n10: baseline item mean better, n01: candidate better). With one repeat this is
     McNemar's test; with K > 1 repeats the same exact test on items is the sign test of the item-mean
     differences (treating (item, repeat) pairs as independent would inflate its size, 19.6% at a
     nominal 5% with K = 8). Convention: no discordant items, or n10 == n01, gives p = 1 for both."""

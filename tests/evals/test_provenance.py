@@ -123,9 +123,10 @@ def test_run_arm_records_the_emulators_provenance_in_arm_json(tmp_path: Path) ->
 
 
 def test_scales_from_a_folder_are_recorded_with_their_convention_and_a_mismatch_is_found(tmp_path: Path) -> None:
-    """kv = { format, scales = "DIR" }: arm.json names the folder's scales by their files' sha256 and the
-    convention it declares; an NVFP4 cache fed FP8 scales, or a vLLM fp8 cache fed our NVFP4 folder, shows
-    as a mismatch (qa.gate.provenance fails it under require_scales)."""
+    """kv = { format, scales = "DIR" }: arm.json names the folder's scales by their files' sha256, the
+    convention the cache read them in and how the folder was read (declared, fitted when `qa run` fitted it);
+    an NVFP4 cache fed an FP8 folder reads it converted (no mismatch), while a vLLM fp8 cache fed our NVFP4
+    folder reads it as it is and shows as a mismatch (qa.gate.provenance fails it under require_scales)."""
     model_dir = save_tiny(tmp_path / "tiny")
     text = tmp_path / "calib.txt"
     text.write_text(CORPUS * 10, encoding="utf-8")
@@ -146,7 +147,12 @@ def test_scales_from_a_folder_are_recorded_with_their_convention_and_a_mismatch_
 
     fp8 = k_scale_folder(tmp_path / "fp8", [0.02, 0.03], [0.01, 0.04], num_bits=8)
     crossed = emulator_provenance(parse_args({"kv": {"format": "nvfp4", "scales": str(fp8)}}))
-    assert crossed.scales_convention == "fp8-decode" and check_scales("c", crossed).finding == "mismatch"
+    assert crossed.scales_convention == "nvfp4-decode" and check_scales("c", crossed).finding == "ok"
+    assert crossed.folder_scales is not None and crossed.folder_scales.declared == "fp8-decode"
+    assert (crossed.folder_scales.read_as, crossed.folder_scales.fit_on) == ("nvfp4-decode", None)
+    assert [s.k_scale for s in crossed.layers] == [pytest.approx([0.02 * 448 / 2688], rel=1e-6),
+                                                  pytest.approx([0.03 * 448 / 2688], rel=1e-6)]
+    assert "(declared fp8-decode, not fitted)" in crossed.summary()
 
     class Engine:  # a vLLM engine on our NVFP4 folder, run with kv_cache_dtype fp8
         kv_provenance = KVProvenance(source="vllm-offline", kv_dtype="fp8", scales_origin="checkpoint",

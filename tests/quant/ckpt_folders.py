@@ -1,15 +1,16 @@
-"""Checkpoint folders with K/V scales as other tools write them, built in tests on the tiny random model
-(tests.evals.hf_fixtures.save_tiny) with safetensors, the way their saving code lays them out.
+"""Hand-built checkpoint folders with K/V scales, unit cases named for the convention they stand for, on the
+tiny random model (tests.evals.hf_fixtures.save_tiny) with safetensors. Folders llm-compressor itself writes
+are made by tests/llmc_folders.py (read in tests/quant/test_llmcompressor_folders.py).
 
-- `llmcompressor_nvfp4_folder`: llm-compressor / compressed-tensors NVFP4 KV (kv_cache_scheme num_bits 4,
-  float, tensor_group, group_size 16, dynamic "local"): per attention module only `k_global_scale` /
-  `v_global_scale`, float32 [1], = compressed-tensors' generate_gparam = 448 * 6 / amax
-  (compressed_tensors/quantization/lifecycle/initialize.py registers only the global scale for a locally
-  dynamic tensor_group scheme; llmcompressor/modifiers/quantization/calibration.py update_qparams stores
-  only it), saved in model.safetensors next to the weights, the config written by QuantizationConfig.
-- `k_scale_folder`: `self_attn.k_scale` / `v_scale` float32 [1] (with zero points, as llm-compressor's FP8
-  KV checkpoints carry them) under a compressed-tensors kv_cache_scheme of `num_bits`, holding whatever
-  numbers the test gives (FP8's amax/448, or a tool's "global scale" amax/6 under a 4-bit scheme).
+- `tensor_group_encode_folder` (nvfp4-encode): compressed-tensors' tensor_group global scale, per attention
+  module only `k_global_scale` / `v_global_scale`, float32 [1], = generate_gparam = 448 * 6 / amax, under a
+  kv_cache_scheme num_bits 4, float, tensor_group, group_size 16, dynamic "local" (initialize_qparams
+  registers only the global scale for it). No writer run here stores this for a KV cache: llm-compressor
+  0.14.0.1 refuses both tensor_group KV schemes (TypeError with dynamic false, "Group quantization cannot be
+  applied to attention" with dynamic "local"), so this folder is the only case of that convention.
+- `k_scale_folder`: `self_attn.k_scale` / `v_scale` float32 [1] (with zero points, as llm-compressor's KV
+  checkpoints carry them) under a compressed-tensors per-tensor float kv_cache_scheme of `num_bits`, holding
+  whatever numbers the test gives: 8 bits declares fp8-decode (amax/448), 4 bits nvfp4-global (amax/6).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def _add_tensors(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
     save_file({**load_file(str(path)), **tensors}, str(path), metadata={"format": "pt"})
 
 
-def llmcompressor_nvfp4_folder(folder: Path, k_amax: Sequence[float], v_amax: Sequence[float]) -> Path:
-    """The tiny model saved as llm-compressor saves an NVFP4-KV checkpoint whose observers saw these amax."""
+def tensor_group_encode_folder(folder: Path, k_amax: Sequence[float], v_amax: Sequence[float]) -> Path:
+    """The tiny model with compressed-tensors tensor_group global scales (nvfp4-encode) for these amax."""
     helpers = pytest.importorskip("compressed_tensors.quantization.utils")
     save_tiny(folder)
     _with_quant_config(folder, {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
@@ -56,11 +57,8 @@ def llmcompressor_nvfp4_folder(folder: Path, k_amax: Sequence[float], v_amax: Se
 def k_scale_folder(folder: Path, k: Sequence[float], v: Sequence[float], num_bits: int) -> Path:
     """The tiny model with per-layer k_scale / v_scale numbers under a `num_bits` float kv_cache_scheme."""
     save_tiny(folder)
-    scheme: dict[str, object] = ({"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
-                                  "symmetric": True} if num_bits == 8 else
-                                 {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16,
-                                  "dynamic": "local", "symmetric": True})
-    _with_quant_config(folder, scheme)
+    _with_quant_config(folder, {"num_bits": num_bits, "type": "float", "strategy": "tensor", "dynamic": False,
+                                "symmetric": True})
     tensors = {}
     for kind, values in (("k", k), ("v", v)):
         for i, x in enumerate(values):

@@ -1,5 +1,6 @@
-"""The K/V scale conventions on hand-computed numbers: what each stores, which one numbers fit, and the
-one-line warnings (all 1.0; off by 448 or 6)."""
+"""The K/V scale conventions on hand-computed numbers: what each stores, how a compressed-tensors scheme
+declares one (as calculate_qparams defines it), which one numbers fit, what refuses them, and the one-line
+warnings (all 1.0; off by 448 or 6)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import pytest
 from quant.conventions import (
     CONVENTIONS,
     FIT_FACTOR,
+    convention_problems,
     convention_warnings,
     expected_convention,
     fit_convention,
     get_convention,
     mismatch_factor,
+    scheme_convention,
 )
 from quant.errors import QuantError
 
@@ -60,18 +63,48 @@ def test_fit_of_encode_fields_and_of_numbers_that_fit_nothing() -> None:
         fit_convention([1.0], [1.0, 2.0])
 
 
+def test_a_compressed_tensors_scheme_declares_what_calculate_qparams_stores() -> None:
+    # amax / (range / 2): FP8_E4M3 [-448, 448] -> amax/448, FP4_E2M1 [-6, 6] -> amax/6, per tensor or per head
+    fp8 = {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True}
+    assert scheme_convention(fp8) == "fp8-decode"
+    assert scheme_convention({**fp8, "strategy": "attn_head"}) == "fp8-decode"
+    assert scheme_convention({**fp8, "num_bits": 4}) == "nvfp4-global"
+    with pytest.raises(QuantError, match="strategy=tensor_group: not a per-layer"):
+        scheme_convention({**fp8, "num_bits": 4, "strategy": "tensor_group", "group_size": 16})
+    with pytest.raises(QuantError, match="type=int, strategy=tensor: no per-layer K/V scale convention"):
+        scheme_convention({**fp8, "type": "int"})
+    with pytest.raises(QuantError, match="asymmetric"):
+        scheme_convention({**fp8, "symmetric": False})
+
+
+def test_problems_refuse_ones_and_numbers_that_fit_another_convention() -> None:
+    decode, glob, fp8 = CONVENTIONS["nvfp4-decode"], CONVENTIONS["nvfp4-global"], CONVENTIONS["fp8-decode"]
+    assert convention_problems([1.0] * 4, None, fp8) == [
+        "every K/V scale is 1.0: uncalibrated (vLLM's default), not measured on data"]
+    stored = [a / 6 for a in AMAX]
+    assert convention_problems(stored, fit_convention(stored, AMAX), glob) == []  # declared as it fits
+    assert convention_problems(stored, None, decode) == []  # no fit: nothing to disagree with
+    [line] = convention_problems(stored, fit_convention(stored, AMAX), decode)
+    assert line == "declared nvfp4-decode (amax / 2688) but the numbers fit nvfp4-global (amax / 6): off by 448x"
+    [line] = convention_problems([a / 2688 for a in AMAX], fit_convention([a / 2688 for a in AMAX], AMAX), fp8)
+    assert line.endswith("but the numbers fit nvfp4-decode (amax / 2688): off by 6x")
+    [line] = convention_problems([a / 60 for a in AMAX], fit_convention([a / 60 for a in AMAX], AMAX), fp8)
+    assert "fit no known convention (closest fp8-decode, off by 7.47x)" in line
+
+
 def test_warnings_are_one_line_each() -> None:
     decode, glob = CONVENTIONS["nvfp4-decode"], CONVENTIONS["nvfp4-global"]
     ones = convention_warnings("DIR", [1.0] * 4, None, decode, decode)
     assert ones == ["warning: DIR: every K/V scale is 1.0: uncalibrated (vLLM's default), not measured on data"]
-    stored = [a / 6 for a in AMAX]  # a "global scale" under a 4-bit scheme: vLLM reads it as amax/2688
+    stored = [a / 6 for a in AMAX]  # amax/6 declared as NVFP4 decode scales, read as they are
     lines = convention_warnings("DIR", stored, fit_convention(stored, AMAX), decode, decode)
     assert len(lines) == 2 and all("\n" not in line and line.startswith("warning: DIR: ") for line in lines)
-    assert "declared nvfp4-decode (amax / 2688) but the numbers fit nvfp4-global (amax / 6), off by 448x" in lines[0]
+    assert "declared nvfp4-decode (amax / 2688) but the numbers fit nvfp4-global (amax / 6): off by 448x" in lines[0]
     assert "off by the factor 448 between conventions (too large)" in lines[1]
-    fp8 = [a / 448 for a in AMAX]  # FP8 scales run as NVFP4: the decode scale is 6x too large
+    fp8 = [a / 448 for a in AMAX]  # FP8 scales read as they are by an NVFP4 cache: 6x too large
     [line] = convention_warnings("DIR", fp8, fit_convention(fp8, AMAX), CONVENTIONS["fp8-decode"], decode)
     assert "off by the factor 6 between conventions (too large)" in line
     right = [a / 2688 for a in AMAX]
     assert convention_warnings("DIR", right, fit_convention(right, AMAX), decode, decode) == []
     assert convention_warnings("DIR", stored, None, glob, decode)[0].endswith("(too large)")
+    assert convention_warnings("DIR", stored, None, glob, None) == []  # a reader that converts: nothing to say

@@ -1,6 +1,8 @@
-"""A model folder's K/V scales read as vLLM finds them: our export round-trips to the bit into the emulated
-cache; an llm-compressor NVFP4-KV folder (k_global_scale, made here as its saving code lays it out) loads as
-the decode scales it stands for; folders without scales or in an unknown convention are one-line errors."""
+"""A model folder's K/V scales read as vLLM finds them and resolved for the format being emulated: our export
+round-trips to the bit into the emulated cache; hand-built unit cases (tests.quant.ckpt_folders) for each
+convention load as the decode scales they stand for and are converted for another format; all-1.0 scales and
+numbers that fit another convention than declared are refused unless taken as they are; folders without
+scales or in an unknown convention are one-line errors."""
 
 from __future__ import annotations
 
@@ -15,13 +17,20 @@ from qa.pipeline.calibration import calibrate_model
 from quant.calibrate import CalibrationSpec
 from quant.errors import QuantError
 from quant.export import SCALES_FILE, export_model_folder
-from quant.folder_scales import CONVENTION_FILE, has_kv_scales, read_folder_scales, scales_files
+from quant.folder_scales import (
+    CONVENTION_FILE,
+    ObservedAmax,
+    has_kv_scales,
+    read_folder_scales,
+    resolve_folder_scales,
+    scales_files,
+)
 from quant.formats import get_format
 from quant.kv.cache import make_cache
 from quant.kv_spec import kv_spec_from_dict
 from quant.scales import KVScales, amax_for_decode
 from tests.evals.hf_fixtures import save_tiny
-from tests.quant.ckpt_folders import k_scale_folder, llmcompressor_nvfp4_folder
+from tests.quant.ckpt_folders import k_scale_folder, tensor_group_encode_folder
 from tests.tiny_models import CORPUS
 
 torch.set_num_threads(1)
@@ -67,9 +76,9 @@ def test_calibrate_export_load_same_scales_to_the_bit(fmt: str, tiny: Path, cali
         assert layer.v.scale.view(torch.int32).item() == scales.v_scale[i].view(torch.int32).item()
 
 
-def test_an_llmcompressor_nvfp4_folder_loads_as_the_decode_scales_it_stands_for(tmp_path: Path) -> None:
+def test_a_tensor_group_encode_folder_loads_as_the_decode_scales_it_stands_for(tmp_path: Path) -> None:
     k_amax, v_amax = [3.25, 17.0], [0.71, 2.5]
-    folder = llmcompressor_nvfp4_folder(tmp_path / "lc", k_amax, v_amax)
+    folder = tensor_group_encode_folder(tmp_path / "lc", k_amax, v_amax)
     fs = read_folder_scales(folder)
     assert fs.fields == ("model.layers.{i}.self_attn.k_global_scale", "model.layers.{i}.self_attn.v_global_scale")
     assert fs.convention.name == "nvfp4-encode" and not fs.vllm_loads
@@ -138,3 +147,53 @@ def test_llmcompressor_fp8_folder_and_the_files_behind_a_scales_argument(calibra
     calibrated["nvfp4"].save(stem)
     assert [p.name for p in scales_files(stem)] == ["s.safetensors", "s.json"]
     assert scales_files(tmp_path / "absent") == []
+
+
+def test_a_folder_is_converted_for_the_format_that_reads_it(tmp_path: Path) -> None:
+    k_amax, v_amax = [3.0, 12.0], [0.6, 2.4]
+    glob = k_scale_folder(tmp_path / "glob", [a / 6 for a in k_amax], [a / 6 for a in v_amax], num_bits=4)
+    rs = resolve_folder_scales(glob, "nvfp4")
+    assert (rs.declared.name, rs.read_as.name, rs.fit, rs.problems) == ("nvfp4-global", "nvfp4-decode", None, ())
+    assert "num_bits=4 float tensor (calculate_qparams" in rs.scales.declared_by and not rs.scales.vllm_loads
+    assert [k[0] for k in rs.k_decode] == pytest.approx([a / 2688 for a in k_amax], rel=1e-6)
+    loaded = KVScales.load(glob)  # the folder's own format (nvfp4), as the hf engine reads it
+    assert loaded.k_scale.tolist() == pytest.approx([a / 2688 for a in k_amax], rel=1e-6)
+    assert "nvfp4-global: amax / 6" in loaded.meta.convention and "read as nvfp4-decode" in loaded.meta.convention
+    fp8 = k_scale_folder(tmp_path / "fp8", [a / 448 for a in k_amax], [a / 448 for a in v_amax], num_bits=8)
+    as_fp8 = resolve_folder_scales(fp8, "fp8_e4m3")
+    assert as_fp8.k_decode == read_folder_scales(fp8).k  # already in the format's convention: the stored numbers
+    as_nvfp4 = KVScales.load(fp8, kv_format="nvfp4")
+    assert as_nvfp4.k_scale.tolist() == pytest.approx([a / 2688 for a in k_amax], rel=1e-6)
+    assert resolve_folder_scales(fp8, "int8").k_decode is None  # no tensor-scale convention: amax only
+    assert [k[0] for k in resolve_folder_scales(fp8, "int8").k_amax] == pytest.approx(k_amax, rel=1e-6)
+
+
+def test_ones_and_misdeclared_numbers_are_refused_unless_taken_as_they_are(tmp_path: Path) -> None:
+    ones = k_scale_folder(tmp_path / "ones", [1.0, 1.0], [1.0, 1.0], num_bits=8)
+    with pytest.raises(QuantError, match="K/V scales refused: every K/V scale is 1.0") as err:
+        resolve_folder_scales(ones, "nvfp4")
+    assert "scales_as_is = true" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(QuantError, match="every K/V scale is 1.0"):
+        kv_spec_from_dict({"format": "nvfp4", "scales": str(ones)})
+    spec = kv_spec_from_dict({"format": "nvfp4", "scales": str(ones), "scales_as_is": True})
+    assert spec.scales_as_is and spec.model_dump()["scales_as_is"] is True
+    assert "scales_as_is" not in kv_spec_from_dict({"format": "nvfp4"}).model_dump()  # old dumps unchanged
+    with pytest.raises(QuantError, match="scales_as_is is read only with scales = a model folder"):
+        kv_spec_from_dict({"format": "nvfp4", "scales_as_is": True})
+    # NVFP4 decode scales (amax/2688) under an 8-bit scheme that declares amax/448: the fit finds them 6x off
+    k_amax, v_amax = [3.0, 12.0], [0.6, 2.4]
+    wrong = k_scale_folder(tmp_path / "wrong", [a / 2688 for a in k_amax], [a / 2688 for a in v_amax], num_bits=8)
+    seen = ObservedAmax(k=[a * 1.3 for a in k_amax], v=v_amax, on="tiny on text: 2 x 32 tokens")
+    with pytest.raises(QuantError, match=r"declared fp8-decode \(amax / 448\) but the numbers fit nvfp4-decode "
+                                         r"\(amax / 2688\): off by 6x \(fit on tiny on text: 2 x 32 tokens\)"):
+        resolve_folder_scales(wrong, "nvfp4", observed=seen)
+    rs = resolve_folder_scales(wrong, "nvfp4", observed=seen, take_as_is=True)
+    assert rs.taken_as_is and rs.fit is not None and rs.fit.convention == "nvfp4-decode"
+    record = rs.reading()
+    assert (record.declared, record.fitted, record.read_as, record.fit_on) == (
+        "fp8-decode", "nvfp4-decode", "nvfp4-decode", "tiny on text: 2 x 32 tokens")
+    assert record.problems == [rs.problems[0]] and "off by 6x" in record.problems[0]
+    # taken as declared: amax = stored * 448, so the NVFP4 decode scales are 6x the ones meant
+    assert [k[0] for k in rs.k_decode] == pytest.approx([a / 2688 * 448 / 2688 for a in k_amax], rel=1e-6)
+    with pytest.raises(QuantError, match="scales for 2 layers, the model observed has 3"):
+        resolve_folder_scales(wrong, "nvfp4", observed=ObservedAmax(k=[1.0] * 3, v=[1.0] * 3, on="x"))

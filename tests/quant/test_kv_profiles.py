@@ -129,8 +129,8 @@ def test_spec_profile_key_parsed_refused_and_left_out_of_dumps_when_unset():
     assert spec.profile == "vllm-cpu" and spec.model_dump()["profile"] == "vllm-cpu"
     plain = kv_spec_from_dict({"format": "nvfp4"})
     assert "profile" not in plain.model_dump() and "profile" not in plain.model_dump(mode="json")
-    # only unset optional tables leave the dump (prefix_cache, issue 15, does the same)
-    assert set(KVQuantSpec.model_fields) - set(plain.model_dump()) <= {"profile", "prefix_cache"}
+    # only unset optional tables leave the dump (prefix_cache and scales_as_is do the same: old fingerprints stay)
+    assert set(KVQuantSpec.model_fields) - set(plain.model_dump()) <= {"profile", "prefix_cache", "scales_as_is"}
     with pytest.raises(QuantError, match="did you mean 'llamacpp'"):
         kv_spec_from_dict({"format": "q8_0", "profile": "llama.cpp"})
     with pytest.raises(QuantError, match="set profile = 'llamacpp'"):

@@ -1,5 +1,5 @@
 """`qa calibrate --format nvfp4 --export vllm --model-out DIR` and `qa kv-inspect --model DIR` on folders
-with K/V scales: ours, llm-compressor's NVFP4 KV, a tool's global scale amax/6, an uncalibrated 1.0 one;
+with K/V scales: ours, a hand-built tensor-group encode folder, an amax/6 4-bit per-tensor one, an uncalibrated 1.0 one;
 the convention each fits against amax observed on the same prompts, and one-line warnings."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from quant.folder_scales import CONVENTION_FILE
 from quant.scales import KVScales
 from tests.evals.hf_fixtures import save_tiny
 from tests.qa.cli.test_compare_cmd import run_cli
-from tests.quant.ckpt_folders import k_scale_folder, llmcompressor_nvfp4_folder
+from tests.quant.ckpt_folders import k_scale_folder, tensor_group_encode_folder
 from tests.tiny_models import CORPUS
 
 INSPECT = ["--n-prompts", "2", "--seq-len", "32"]
@@ -74,9 +74,9 @@ def test_calibrate_writes_an_nvfp4_folder_and_kv_inspect_finds_its_convention(
     assert "declared nvfp4-decode (kv_scales_convention.json); fit nvfp4-decode" in table and "K amax here" in table
 
 
-def test_kv_inspect_on_an_llmcompressor_nvfp4_folder(amax: KVScales, text: Path, tmp_path: Path,
+def test_kv_inspect_on_a_tensor_group_encode_folder(amax: KVScales, text: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
-    folder = llmcompressor_nvfp4_folder(tmp_path / "lc", amax.k_amax.tolist(), amax.v_amax.tolist())
+    folder = tensor_group_encode_folder(tmp_path / "lc", amax.k_amax.tolist(), amax.v_amax.tolist())
     check, warnings = _inspect(folder, text, capsys)
     assert check["fields"] == ["model.layers.{i}.self_attn.k_global_scale", "model.layers.{i}.self_attn.v_global_scale"]
     assert (check["declared"], check["fit"]) == ("nvfp4-encode", "nvfp4-encode")
@@ -87,12 +87,12 @@ def test_kv_inspect_on_an_llmcompressor_nvfp4_folder(amax: KVScales, text: Path,
 
 def test_kv_inspect_warns_on_a_global_scale_and_on_scales_of_one(amax: KVScales, text: Path, tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    # a tool writing amax / 6 into k_scale under a 4-bit scheme: vLLM would read it as amax / 2688
+    # llm-compressor's 4-bit float per-tensor scheme stores amax / 6 (compressed-tensors calculate_qparams):
+    # declared and fitted agree, but vLLM would read the number as an NVFP4 decode scale (amax / 2688)
     glob = k_scale_folder(tmp_path / "glob", (amax.k_amax / 6).tolist(), (amax.v_amax / 6).tolist(), num_bits=4)
     check, warnings = _inspect(glob, text, capsys)
-    assert (check["declared"], check["fit"]) == ("nvfp4-decode", "nvfp4-global")
+    assert (check["declared"], check["fit"]) == ("nvfp4-global", "nvfp4-global")
     assert any("off by the factor 448 between conventions (too large)" in w for w in warnings)
-    assert any("declared nvfp4-decode (amax / 2688) but the numbers fit nvfp4-global" in w for w in warnings)
     ones = k_scale_folder(tmp_path / "ones", [1.0, 1.0], [1.0, 1.0], num_bits=8)
     _, warnings = _inspect(ones, text, capsys)
     assert warnings[0] == f"warning: {ones}: every K/V scale is 1.0: uncalibrated (vLLM's default), not measured on data"

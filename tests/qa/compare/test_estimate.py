@@ -12,12 +12,13 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.proportion import proportion_confint
 from statsmodels.stats.weightstats import ttost_paired
 
-from qa.compare.estimate import adjust_multiplicity, excess_flips
-from qa.compare.pairing import pair_records
+from qa.compare.estimate import adjust_multiplicity, estimate, excess_flips
+from qa.compare.pairing import pair_records, paired_metric
+from qa.files.comparison import Estimate
 from qa.stats.intervals import p_above, p_below
 from qa.stats.multiplicity import holm
 from qa.stats.paired_tests import tango_interval, tango_statistic
-from tests.qa.stats_fixtures import continuous, est_of, recs
+from tests.qa.stats_fixtures import SETTINGS, continuous, est_of, recs
 
 MARGIN = 0.02
 
@@ -142,3 +143,40 @@ def test_excess_flips_against_baseline_rerun_hand_computed() -> None:
     assert ef.p_excess == pytest.approx(5 / 16)  # P(Bin(4, 1/2) >= 3)
     assert ef.rerun_rate == pytest.approx(0.2)
     assert ef.aa_delta == pytest.approx(0.0)
+
+
+def _keyed(a: list[float], b: list[float], key: str):  # -> Estimate
+    """Estimate of one score key for per-item scores a (baseline), b (candidate)."""
+    sa = {(f"{i:04d}", 0): float(x) for i, x in enumerate(a)}
+    sb = {(f"{i:04d}", 0): float(x) for i, x in enumerate(b)}
+    pt = pair_records(recs("base", sa, key=key), recs("cand", sb, key=key))[0]
+    return estimate(paired_metric(pt, key), SETTINGS)
+
+
+def test_better_and_worse_follow_the_metrics_direction() -> None:
+    base = [2.0, 2.1, 1.9, 2.2, 2.0, 1.8, 2.3, 2.05]
+    cand = [x + 0.3 for x in base]  # the candidate's score is higher on all 8 items
+    nll, acc = _keyed(base, cand, "nll,none"), _keyed(base, cand, "acc,none")
+    assert nll.delta == pytest.approx(0.3) and acc.delta == pytest.approx(0.3)  # delta: candidate - baseline
+    assert (nll.higher_is_better, nll.items_better, nll.items_worse) == (False, 0, 8)  # higher NLL: worse
+    assert (acc.higher_is_better, acc.items_better, acc.items_worse) == (True, 8, 0)
+    assert (nll.flips.n10, nll.flips.n01, nll.flips.regress_rate, nll.flips.improve_rate) == (8, 0, 1.0, 0.0)
+    assert (acc.flips.n10, acc.flips.n01, acc.flips.regress_rate, acc.flips.improve_rate) == (0, 8, 0.0, 1.0)
+    assert nll.items_by_sign() == acc.items_by_sign() == (8, 0)
+    lower = _keyed(cand, base, "nll,none")  # the candidate's NLL lower on all 8: better
+    assert (lower.items_better, lower.items_worse, lower.flips.improve_rate) == (8, 0, 1.0)
+    assert Estimate.model_validate_json(nll.model_dump_json()) == nll  # comparison.json keeps the direction
+
+
+def test_a_lower_is_better_binary_metric_keeps_the_interval_of_its_delta() -> None:
+    rng = np.random.default_rng(3)
+    a = (rng.random(60) < 0.3).astype(float)  # truncated: 1 = the sample ran out of budget (lower is better)
+    b = a.copy()
+    b[rng.choice(60, 9, replace=False)] = 1.0 - b[rng.choice(60, 9, replace=False)]
+    trunc, acc = _keyed(list(a), list(b), "truncated,none"), _keyed(list(a), list(b), "acc,none")
+    assert trunc.ci_method == acc.ci_method == "tango_score"
+    assert (trunc.ci90, trunc.ci95) == (acc.ci90, acc.ci95)  # the interval is about delta, not about "better"
+    assert p_below(trunc, -MARGIN) == p_below(acc, -MARGIN) and p_above(trunc, 0.0) == p_above(acc, 0.0)
+    assert (trunc.items_better, trunc.items_worse) == (acc.items_worse, acc.items_better)
+    d = b - a
+    assert (trunc.items_better, trunc.items_worse) == (int((d < 0).sum()), int((d > 0).sum()))

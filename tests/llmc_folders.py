@@ -1,0 +1,71 @@
+"""KV-scale folders written by llm-compressor itself, once per test process: tests/quant/llmc_oneshot.py run
+in .venv-llmc (scripts/setup.sh --dev) on SmolLM2-135M-Instruct and 16 WikiText-2 lines, for every KV scheme
+llm-compressor 0.14 is asked for here (FP8 and 4-bit float per tensor, FP8 per KV head; group-of-16 NVFP4,
+which it refuses). A test is skipped when .venv-llmc or the shared data are missing."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from evals.models import DEFAULT_MODEL, resolve_model
+from tests.shared_data import shared_data_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+LLMC_PYTHON = ROOT / ".venv-llmc" / "bin" / "python"
+SCRIPT = ROOT / "tests" / "quant" / "llmc_oneshot.py"
+SCHEMES = ("fp8", "fp4", "fp8-head", "nvfp4-group", "nvfp4-local")
+WIKITEXT = "wikitext2/derived/wiki.test.raw"
+TIMEOUT_S = 1200  # one process, five oneshot calls: about 3 to 4 minutes on 2 busy CPU cores
+
+
+@dataclass(frozen=True)
+class LlmcFolders:
+    """Where the folders are, what the writer's observer saw, and what it refused."""
+
+    root: Path
+    model: Path  # the model folder the writer calibrated
+
+    def folder(self, scheme: str) -> Path:
+        """The saved folder of `scheme`."""
+        return self.root / scheme
+
+    def amax(self, scheme: str) -> dict[str, list]:
+        """The writer's observer amax per layer (`k`, `v`), as tests/quant/llmc_oneshot.py records it."""
+        return json.loads((self.root / f"{scheme}.amax.json").read_text())
+
+    def refused(self, scheme: str) -> str | None:
+        """The writer's one-line refusal of `scheme` (None: it wrote the folder)."""
+        path = self.root / f"{scheme}.refused"
+        return path.read_text().strip() if path.is_file() else None
+
+
+@functools.cache
+def _made(model: Path, text: Path) -> LlmcFolders:
+    root = Path(tempfile.mkdtemp(prefix="llmc-folders-"))
+    atexit.register(shutil.rmtree, root, True)
+    proc = subprocess.run([str(LLMC_PYTHON), str(SCRIPT), str(model), str(text), str(root), *SCHEMES],
+                          capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"llm-compressor's oneshot failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+    return LlmcFolders(root=root, model=model)
+
+
+def llmc_folders() -> LlmcFolders:
+    """The folders (made on first use in this process); skips without .venv-llmc or the shared data."""
+    if not LLMC_PYTHON.is_file():
+        pytest.skip("llm-compressor is not installed in .venv-llmc (scripts/setup.sh --dev)")
+    text = shared_data_dir(WIKITEXT) / WIKITEXT
+    model = resolve_model(DEFAULT_MODEL).path
+    assert model is not None  # the packaged SmolLM2 resolves to a local folder
+    return _made(model, text)
