@@ -228,6 +228,7 @@ def resolve_model(name: str) -> ResolvedModel:
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelError(f"{path}: not a model folder (no config.json)")
+        check_config_json(path)
         weights = sorted(path.glob("*.safetensors"))
         return ResolvedModel(name=name, path=path.resolve(), hub_id=None,
                              file_hash=sha256_file(weights[0]) if len(weights) == 1 else None)
@@ -235,6 +236,34 @@ def resolve_model(name: str) -> ResolvedModel:
         hint = did_you_mean(name, NAMED_MODELS, listing="named models")
         raise ModelError(f"unknown model {name!r} (not a named model, a model folder or an org/name hub id); {hint}")
     return _resolve_hub(name)
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (transformers' validation errors span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def read_model_config(path: Path, trust_remote_code: bool = False):  # -> transformers.PretrainedConfig
+    """A model folder's transformers config; ModelError (one line) when its config.json is not a valid one."""
+    from transformers import AutoConfig  # transformers: only where a model's config is read
+
+    try:
+        return AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - a wrong-typed field, a missing model_type, not JSON: bad input
+        raise ModelError(f"{path / 'config.json'}: not a valid model config: {one_line(exc)}") from None
+
+
+def check_config_json(path: Path) -> None:
+    """ModelError (one line) when a local folder's config.json is not a JSON object transformers accepts (its
+    field types included); a config that needs the folder's own code (auto_map) is checked when it is loaded."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelError(f"{path / 'config.json'}: not valid JSON: {one_line(exc)}") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{path / 'config.json'}: expected a JSON object, got {type(config).__name__}")
+    if "auto_map" not in config:
+        read_model_config(path)
 
 
 def _resolve_hub(hub_id: str) -> ResolvedModel:
@@ -266,8 +295,8 @@ def load_model(resolved: ResolvedModel, *, dtype: str = "float32", device: str =
         model = AutoModelForCausalLM.from_pretrained(
             resolved.load_id, dtype=torch_dtype, trust_remote_code=trust_remote_code
         )
-    except OSError as exc:
-        raise ModelError(f"cannot load model {resolved.name!r}: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # noqa: BLE001 - a broken folder (weights, tokenizer, config) is bad input
+        raise ModelError(f"cannot load model {resolved.name!r}: {one_line(exc)[:400]}") from None
     model.to(device)
     model.eval()
     return model, tokenizer

@@ -79,8 +79,9 @@ def run(spec: Path | RunSpec, out: Path | None = None, *, data_dir: Path | None 
 
 def dry_run(spec: Path | RunSpec, out: Path | None = None, *, data_dir: Path | None = None,
             spec_dir: Path | None = None, plan: PlanOptions | None = None) -> DryRun:
-    """What `run` would do, without loading a model or writing anything: the same resolution, checks and power
-    plan (what this machine cannot check is a note); PlanError under a strict plan."""
+    """What `run` would do, writing nothing (a model is loaded only to fit a model folder's K/V scales,
+    qa.pipeline.scale_fit): the same resolution, checks and power plan (what this machine cannot check is a
+    note); PlanError under a strict plan."""
     resolved = resolve(spec, out, data_dir=data_dir, spec_dir=spec_dir)
     started = stages.start(resolved, plan, strict=False)
     return DryRun(resolved, planned_arms(resolved, started.checks), started.plan)

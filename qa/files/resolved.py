@@ -6,15 +6,20 @@ directory. Every later step reads the record instead of the spec: a worker build
 `qa gate RUN` / `qa report RUN` / the API re-gate under the policy it names from any working directory
 (its bytes are copied next to it as policy.toml, checked against the sha256 here).
 
-Paths are absolute where they name files outside the run directory (the policy, the data folder, a
-vLLM interpreter) and relative to the run directory where they name files inside it.
+In memory the paths are as resolved (the policy, the data folder, an arm's interpreter: absolute). On disk
+every absolute one is written as "{run}/" + its path relative to the run directory (`save_resolved`) and
+made absolute again against it when read (`load_resolved`), so a run folder names no machine path and a
+worker reads back exactly what was resolved.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
@@ -126,17 +131,56 @@ class ResolvedRecord(_Frozen):
         return [a for a in self.arms if a.kind == "candidate"]
 
 
+RUN_MARK = "{run}/"  # on disk: a path relative to the run directory that is absolute in memory
+
+
+def _paths(data: dict[str, Any], change: Callable[[str], str]) -> dict[str, Any]:
+    """A copy of resolved.json's data with `change` applied to each path that may name a file outside the run
+    directory: data_dir, policy.path, each arm's python, records, reused_from and an hf arm's engine_args.scales."""
+    out = {**data, "policy": dict(data["policy"]), "arms": [dict(a) for a in data["arms"]]}
+    if isinstance(out.get("data_dir"), str):
+        out["data_dir"] = change(out["data_dir"])
+    if isinstance(out["policy"].get("path"), str):
+        out["policy"]["path"] = change(out["policy"]["path"])
+    for arm in out["arms"]:
+        for key in ("python", "records", "reused_from"):
+            if isinstance(arm.get(key), str):
+                arm[key] = change(arm[key])
+        args = arm.get("engine_args")
+        if isinstance(args, dict) and isinstance(args.get("scales"), str):
+            arm["engine_args"] = {**args, "scales": change(args["scales"])}
+    return out
+
+
 def save_resolved(path: Path, record: ResolvedRecord) -> None:
-    """Write resolved.json atomically."""
-    atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
+    """Write resolved.json atomically; an absolute path is written as RUN_MARK + its path relative to the run
+    directory (path's folder), so the file names no machine path; other paths are kept as they are."""
+    run = path.parent.resolve()
+
+    def relative(p: str) -> str:
+        return RUN_MARK + os.path.relpath(p, run) if os.path.isabs(p) else p
+
+    data = _paths(record.model_dump(mode="json"), relative)
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def load_resolved(path: Path) -> ResolvedRecord:
     """Read resolved.json; a missing or invalid file is one QAError line."""
     if not path.is_file():
         raise QAError(f"{path}: no resolved.json (a run directory written by `qa run`)")
+    run = path.parent.resolve()
+
+    def absolute(p: str) -> str:
+        return os.path.normpath(run / p[len(RUN_MARK):]) if p.startswith(RUN_MARK) else p
+
     try:
-        return ResolvedRecord.model_validate_json(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("policy"), dict) or not isinstance(
+                data.get("arms"), list) or not all(isinstance(a, dict) for a in data["arms"]):
+            raise QAError(f"{path}: invalid resolved.json (not a record of `qa run`); re-run `qa run`")
+        return ResolvedRecord.model_validate(_paths(data, absolute))
+    except json.JSONDecodeError as exc:
+        raise QAError(f"{path}: invalid resolved.json (not JSON: {exc.msg}); re-run `qa run`") from None
     except ValidationError as exc:
         err = first_error(exc)
         raise QAError(f"{path}: invalid resolved.json ({err.where_or('file')}: {err.msg}); re-run `qa run`") from None

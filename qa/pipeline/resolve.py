@@ -158,7 +158,8 @@ def server_spec(spec: RunSpec, name: str, model: ResolvedModel | None, vllm: str
             env=dict(arm.env))
     folder = model.path if model is not None else None
     return VllmServerSpec(model=folder or Path(spec.arm_model(name)), args=dict(server.args),
-                          python=vllm or PYTHON_SHOWN, env=dict(arm.env))
+                          python=vllm or PYTHON_SHOWN, env=dict(arm.env),
+                          kv=server.kv.model_dump(mode="json") if server.kv is not None else None)
 
 
 def _model(name: str, cache: dict[str, ResolvedModel | EvalError]) -> ResolvedModel | EvalError:
