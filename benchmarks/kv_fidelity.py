@@ -448,6 +448,10 @@ def main(argv: list[str] | None = None) -> None:
         real = llamacpp_runs(lchunks, ns.top_k, work, skip)
         rows += compare(real, emu, LLAMACPP_BASE, LLAMACPP_PAIRS, "llama.cpp", ns.seed)
         aa += real_pairs(real, "llama.cpp")
+    from qa.files.portable import portable_text  # the repository's modules: importable once sys.path has REPO
+
+    for log in work.glob("*.log"):  # committed beside the table: no path of this machine (qa.files.portable)
+        log.write_text(portable_text(log.read_text(encoding="utf-8", errors="replace"), REPO), encoding="utf-8")
     result = {"engines": sorted(engines), "chunks": ns.chunks, "max_tokens": ns.max_tokens, "top_k": ns.top_k,
               "seed": ns.seed, "llamacpp_chunks": ns.llamacpp_chunks, "llamacpp_tokens": ns.llamacpp_tokens,
               "skipped_arms": sorted(skip), "vllm_resolved_cache_dtype": resolved, "wall_seconds": round(time.time() - t0, 1), "pairs": rows,

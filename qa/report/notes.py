@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 from qa.report.gather import ReportInputs, gated_estimate
 from qa.textfmt import pts
@@ -132,7 +133,7 @@ def flat_env(env: dict[str, object], prefix: str = "", depth: int = 0) -> list[t
 def provenance(inp: ReportInputs) -> list[tuple[str, str]]:
     """Key/value lines naming where every number came from (values are raw text)."""
     out = [
-        ("run directory", str(inp.run_dir)),
+        ("run directory", portable_dir(inp.run_dir)),
         ("comparison.json sha256", inp.verdict.comparison_sha256 or "-"),
         ("policy sha256", inp.verdict.policy_sha256),
         ("verdict", inp.verdict_source),
@@ -140,6 +141,15 @@ def provenance(inp: ReportInputs) -> list[tuple[str, str]]:
     if inp.env:
         out += flat_env(inp.env)
     return out
+
+
+def portable_dir(run_dir: Path) -> str:
+    """The run folder as a committed report may name it: relative to the working directory when inside it,
+    else its own name (no path of this machine: qa.files.portable)."""
+    try:
+        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return run_dir.name
 
 
 def spec_redacted(spec: str) -> str:
