@@ -104,7 +104,8 @@ def run_estimate(name: str, done: int, elapsed: float, run_samples: int | None) 
     _RUN_TOLD.set()
     rate = done / elapsed
     return (f"estimate: run: the first {done} items of {name} took {clock(elapsed)} ({rate:.2f} items/s): "
-            f"~{clock(math.ceil(left / rate))} more for the {left} samples left in the run's arms at that rate")
+            f"~{clock(math.ceil(left / rate))} more for the {left} samples left in the run's arms at that rate "
+            "(rough: tasks differ in cost per item; the run is estimated again after its first arm)")
 
 
 class LineProgress:

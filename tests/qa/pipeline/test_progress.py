@@ -43,7 +43,8 @@ limit = 2
 LINE = re.compile(r"^(start|progress|done): (\w+)/(\w+) (\d+)/(\d+) items, ([\d.]+|--) items/s, "
                   r"elapsed \d+:\d\d:\d\d, left (\d+:\d\d:\d\d|--)$")
 RUN_ESTIMATE = re.compile(r"^estimate: run: the first (\d+) items of (\w+/\w+) took \d+:\d\d:\d\d \(([\d.]+) items/s\): "
-                          r"~(\d+):(\d\d):(\d\d) more for the (\d+) samples left in the run's arms at that rate$",
+                          r"~(\d+):(\d\d):(\d\d) more for the (\d+) samples left in the run's arms at that rate "
+                          r"\(rough: tasks differ in cost per item; the run is estimated again after its first arm\)$",
                           re.MULTILINE)
 LIVE = re.compile(r"\r|\x1b\[|━━━━.*\d+/\d+")  # a carriage return, an ANSI escape, a bar: a live display's frames
 
