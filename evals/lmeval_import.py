@@ -28,6 +28,7 @@ from typing import Any
 
 from evals.errors import RecordError
 from evals.records import SampleRecord, first_non_finite, sha256_text
+from quant.fileio import jsonl_objects
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +138,9 @@ def _read_lines(path: Path) -> list[tuple[int, dict[str, Any]]]:
         except json.JSONDecodeError:
             log.warning("%s: dropping a torn last line", path)
             lines = lines[:-1]
-    out = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the samples file is corrupt") from None
-        if not isinstance(obj, dict) or "doc_id" not in obj or "filter" not in obj:
-            raise RecordError(f"{path}:{lineno}: not an lm-eval sample line (needs doc_id and filter)")
-        out.append((lineno, obj))
-    return out
+    return list(jsonl_objects(lines, path, RecordError, corrupt="the samples file is corrupt",
+                              expected="not an lm-eval sample line (needs doc_id and filter)",
+                              keys=("doc_id", "filter")))
 
 
 def _prompt_of(line: dict[str, Any]) -> str | None:

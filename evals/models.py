@@ -26,7 +26,7 @@ from pathlib import Path
 
 from evals.errors import ModelError
 from evals.offline import hub_mode, hub_offline
-from quant.fileio import sha256_file
+from quant.fileio import atomic_write_text, sha256_file
 from quant.validation import did_you_mean
 
 
@@ -192,17 +192,11 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _add_upstream_files(spec: GGUFModel, folder: Path) -> None:
     """Write what the GGUF lacks into a converted folder (idempotent): the chat template transformers
     reads from chat_template.jinja, and the stop ids into generation_config.json."""
     if spec.chat_template and not (folder / "chat_template.jinja").exists():
-        _write_atomic(folder / "chat_template.jinja", spec.chat_template)
+        atomic_write_text(folder / "chat_template.jinja", spec.chat_template)
     gen_path = folder / "generation_config.json"
     if spec.eos_token_ids and gen_path.exists():
         gen = json.loads(gen_path.read_text())
@@ -210,7 +204,7 @@ def _add_upstream_files(spec: GGUFModel, folder: Path) -> None:
         have_ids = set(have if isinstance(have, list) else [have] if have is not None else [])
         if not set(spec.eos_token_ids) <= have_ids:
             gen["eos_token_id"] = sorted(have_ids | set(spec.eos_token_ids))
-            _write_atomic(gen_path, json.dumps(gen, indent=2) + "\n")
+            atomic_write_text(gen_path, json.dumps(gen, indent=2) + "\n")
 
 
 def resolve_model(name: str) -> ResolvedModel:

@@ -13,7 +13,6 @@ file holding a non-finite score is refused with a RecordError naming its file an
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -24,7 +23,7 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evals.errors import RecordError
-from quant.fileio import atomic_write_text
+from quant.fileio import atomic_write_text, jsonl_objects
 from quant.validation import first_error
 
 SCHEMA_VERSION = 1
@@ -107,13 +106,7 @@ class SampleRecord(BaseModel):
         return (self.item_id, self.repeat)
 
 
-def _parse_line(line: str, path: Path, lineno: int) -> SampleRecord:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise RecordError(f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is corrupt") from None
-    if not isinstance(data, dict):
-        raise RecordError(f"{path}:{lineno}: expected a JSON object per line")
+def _record(data: dict[str, object], path: Path, lineno: int) -> SampleRecord:
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise RecordError(
@@ -134,7 +127,6 @@ def read_records(path: Path, *, repair: bool = False) -> list[SampleRecord]:
     if not path.exists():
         return []
     raw = path.read_bytes()
-    records: list[SampleRecord] = []
     complete, _, tail = raw.rpartition(b"\n")
     if tail:
         log.warning("%s: dropping a torn last line (%d bytes) left by an interrupted write", path, len(tail))
@@ -144,10 +136,9 @@ def read_records(path: Path, *, repair: bool = False) -> list[SampleRecord]:
                 fh.flush()
                 os.fsync(fh.fileno())
     body = complete.decode("utf-8", errors="replace") if complete or raw.startswith(b"\n") else ""
-    for lineno, line in enumerate(body.split("\n"), start=1):
-        if line.strip():
-            records.append(_parse_line(line, path, lineno))
-    return records
+    objects = jsonl_objects(body.split("\n"), path, RecordError, corrupt="the file is corrupt",
+                            expected="expected a JSON object per line")
+    return [_record(data, path, lineno) for lineno, data in objects]
 
 
 class RecordWriter:

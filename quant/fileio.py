@@ -1,11 +1,15 @@
-"""File helpers every package may import: atomic replacement and sha256 of a file's bytes."""
+"""File helpers every package may import: atomic replacement, sha256 of a file's bytes, and the objects of a
+JSON-lines file with a one-line error naming the line that is not one."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 HASH_BLOCK = 1 << 20  # bytes read per step when hashing (1 MiB: large GGUF files never sit in memory)
 
@@ -51,3 +55,21 @@ def scales_paths(path: Path) -> tuple[Path, Path]:
     path = Path(path)
     stem = path.with_suffix("") if path.suffix in (".safetensors", ".json") else path
     return stem.with_name(stem.name + ".safetensors"), stem.with_name(stem.name + ".json")
+
+
+def jsonl_objects(lines: Iterable[str], where: Path | str, error: Callable[[str], Exception], *, corrupt: str,
+                  expected: str, keys: Sequence[str] = ()) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number from 1, object) of each non-blank line of a JSON-lines file, `lines` as read from `where`
+    (split at newlines only: JSON may hold other line separators). A line that is not JSON raises
+    error("<where>:<n>: not valid JSON (<why>); <corrupt>"), one that is not an object with `keys`
+    error("<where>:<n>: <expected>")."""
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise error(f"{where}:{lineno}: not valid JSON ({exc.msg}); {corrupt}") from None
+        if not isinstance(obj, dict) or any(k not in obj for k in keys):
+            raise error(f"{where}:{lineno}: {expected}")
+        yield lineno, obj

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from evals.data.spec import Row, Split
 from evals.errors import DataError
+from quant.fileio import jsonl_objects
 
 DATA_DIR_ENV = "QA_DATA_DIR"
 
@@ -40,21 +40,10 @@ def require_file(path: Path, what: str) -> None:
 def read_jsonl(path: Path, keys: tuple[str, ...]) -> list[Row]:
     """The JSON objects of a JSON-lines file, each required to have `keys` (blank lines skipped)."""
     require_file(path, f"a JSON-lines file with keys {', '.join(keys)}")
-    rows: list[Row] = []
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{path}:{lineno}: not valid JSON ({exc.msg}); the file is truncated or corrupt"
-                ) from None
-            if not isinstance(obj, dict) or any(k not in obj for k in keys):
-                raise DataError(f"{path}:{lineno}: expected a JSON object with keys {', '.join(keys)}")
-            rows.append(obj)
-    return rows
+        return [obj for _, obj in jsonl_objects(fh, path, DataError, corrupt="the file is truncated or corrupt",
+                                                 expected=f"expected a JSON object with keys {', '.join(keys)}",
+                                                 keys=keys)]
 
 
 def read_csv_text(text: str, path: Path | str, columns: tuple[str, ...]) -> list[dict[str, str]]:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from evals import data
-from evals.engines.base import GenerateResult, TokenLogprobsRequest
+from evals.engines.base import GenerateResult
 from evals.errors import EvalError
 from evals.tasks.agentic_text import (
     CHARS_PER_TOKEN,
@@ -56,20 +56,14 @@ from evals.tasks.agentic_text import (
     FACTS_HEADER,
     FUNCTIONS_HEADER,
     INTRO,
-    KINDS,
     LINE_UNTIL,
     LOOKUP_TEXT,
     QUESTION,
     SHOT,
-    TURN_END,
     USER_UNTIL,
-    Kind,
-    Turn,
     haystack_lines,
-    history_text,
     passage,
     score_tool,
-    turn_prompts,
 )
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.bfcl import BFCL_VERSION, BfclEntry, load_entries
@@ -78,11 +72,11 @@ from evals.tasks.common import (
     GenSettings,
     check_options,
     gen_settings,
-    generate_prompt,
     generate_request,
     int_option,
     probe_extra,
 )
+from evals.tasks.session_turns import KINDS, TURN_END, Kind, SessionTurns, Turn, history_text, turn_prompts
 from evals.tasks.sessions import (
     GSM8K_UNTIL,
     gsm8k_shots,
@@ -90,8 +84,6 @@ from evals.tasks.sessions import (
     path_names,
     score_gsm8k,
     score_lookup,
-    turn_reference,
-    turn_reference_request,
 )
 from evals.tasks.tool_calls import FunctionDoc
 from evals.tasks.tool_catalog import ACTIONS, CATALOGUE, READERS, Draw, Fact, ToolTurn
@@ -130,7 +122,7 @@ class Session:
 
 
 @dataclass(frozen=True)
-class AgenticTask:
+class AgenticTask(SessionTurns):
     """Long tool-calling sessions, every turn an item on each cache path."""
 
     sessions: int = DEFAULT_SESSIONS
@@ -306,25 +298,9 @@ class AgenticTask:
                         "answer": turn.answer, "source": turn.source, "context_chars": len(s.context), "tool": tool}))
         return items
 
-    def session_context(self, item: Item) -> str:
-        """The shared context every turn of the item's session starts with."""
-        return item.doc["prompt"][: item.doc["context_chars"]]
-
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the turn's prompt (the same on every path) with its kind's settings."""
         return generate_request(item.doc["prompt"], self._settings(item.doc["ask"]), seed)
-
-    def prompt_text(self, request: Request) -> str:
-        """The whole prompt of the turn."""
-        return generate_prompt(request)
-
-    def reference(self, item: Item) -> str:
-        """The turn's reference answer as the continuation of its prompt (what the next turn's prompt holds)."""
-        return turn_reference(item)
-
-    def reference_request(self, item: Item) -> TokenLogprobsRequest:
-        """The teacher-forced pass over the turn's reference answer given its prompt."""
-        return turn_reference_request(item)
 
     def score(self, item: Item, result: Result) -> Scored:
         """Tool turns: BFCL's AST match; look-ups: the value's exact match; GSM8K: lm-eval's exact match."""

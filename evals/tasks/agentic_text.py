@@ -1,21 +1,17 @@
-"""The text of an `agentic` session (evals.tasks.agentic): the instruction and turn formats, a turn as later
-prompts hold it, the WikiText-2 passages read functions return, and the tool-call scorer."""
+"""The text of an `agentic` session (evals.tasks.agentic): the instruction and turn formats, the WikiText-2
+passages read functions return, and the tool-call scorer (a turn and its prompts: evals.tasks.session_turns)."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from evals.tasks.base import Scored
 from evals.tasks.common import TARGET_DELIMITER
 from evals.tasks.sessions import GSM8K_UNTIL, INVALID
 from evals.tasks.tool_calls import check_calls, decode_calls, decode_first_span, render_calls
-from evals.tasks.tool_catalog import ToolTurn
 
-Kind = Literal["tool", "lookup", "gsm8k"]
-KINDS: tuple[str, ...] = get_args(Kind)
 # characters per token, measured on SmolLM2's tokenizer (Gemma-3's within 10%): GSM8K, fact lines, WikiText, the
 # JSON function docs, tool and look-up turns (a call, its result: digits and punctuation)
 CHARS_PER_TOKEN = {"gsm8k": 2.8, "fact": 1.5, "wiki": 4.3, "json": 3.5, "turn": 2.65}
@@ -31,34 +27,6 @@ CONVERSATION_HEADER = "Conversation:\n\n"
 QUESTION = "User: {text}\nAssistant:"
 LOOKUP_TEXT = "What is the value stored under {key} in the reference facts?"
 SHOT = "User: {question}\nAssistant:" + TARGET_DELIMITER + "{answer}\n\n"
-TURN_END = "\n\n"
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn: its question (prompt text), reference answer, what follows the answer (a tool result) and
-    where it comes from (a function name, a fact key, a GSM8K test row id)."""
-
-    kind: Kind
-    question: str
-    answer: str
-    after: str = ""
-    source: str = ""
-    tool: ToolTurn | None = None
-
-
-def history_text(turn: Turn) -> str:
-    """A turn as later prompts hold it: question, reference answer, tool result."""
-    return turn.question + TARGET_DELIMITER + turn.answer + turn.after + TURN_END
-
-
-def turn_prompts(context: str, turns: Sequence[Turn]) -> list[str]:
-    """Each turn's prompt: the context, every earlier turn with its reference answer and result, its question."""
-    prompts, history = [], context
-    for turn in turns:
-        prompts.append(history + turn.question)
-        history += history_text(turn)
-    return prompts
 
 
 def haystack_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -10,7 +10,7 @@ tests/evals/tasks/test_prompts.py checks the bytes against lm-eval's own task ob
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from evals.chat import ChatPrompt, ChatRenderer, ChatStyle, ChatTemplate, Templa
 from evals.data import Row
 from evals.engines.base import GenerateRequest, LoglikelihoodRequest
 from evals.errors import EvalError
-from evals.tasks.base import Item, Request, Scored, TaskOptions
+from evals.tasks.base import Item, Request, TaskOptions
 
 TARGET_DELIMITER = " "  # lm_eval.config.task.TaskConfig default
 FEWSHOT_DELIMITER = "\n\n"  # lm_eval.config.task.TaskConfig default
@@ -148,14 +148,6 @@ def reference_continuation(target: str, chat: bool, delimiter: str = TARGET_DELI
     (as a log-likelihood continuation is written), the bare target after a chat prompt (whose rendering
     ends with the assistant's turn opened)."""
     return target if chat else delimiter + target
-
-
-def exact_match_scored(
-    extracted: Mapping[str, str], target: str, match: Callable[[str, str], float]
-) -> Scored:
-    """Scored with "exact_match,<filter>" = match(answer, target) for each filter's extracted answer."""
-    scores: dict[str, float | None] = {f"exact_match,{k}": match(v, target) for k, v in extracted.items()}
-    return Scored(scores=scores, extracted=dict(extracted), target=target)
 
 
 def probe_extra(task: str, options: TaskOptions, known: Sequence[str], no_fewshot: str) -> Mapping[str, Any]:

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lm_eval.api.metrics import exact_match_hf_evaluate
 from lm_eval.filters.extraction import MultiChoiceRegexFilter, RegexFilter
 
 from evals import data
@@ -35,7 +34,6 @@ from evals.tasks.common import (
     GenSettings,
     chat_renderer,
     check_options,
-    exact_match_scored,
     gen_settings,
     generate_prompt,
     generate_request,
@@ -44,6 +42,7 @@ from evals.tasks.common import (
     row_items,
     task_version,
 )
+from evals.tasks.exact_match import Normalisation, exact_match_scored
 from evals.tasks.multiple_choice import MCBuilder, MultipleChoiceTask, zero_shot_builder
 
 LM_EVAL_VERSION = "2.2"
@@ -54,7 +53,7 @@ STRICT_REGEX = (
     r"(?<=The answer is )(.*)(?=.)"  # strict-match: text after "The answer is ", less its last char
 )
 FLEXIBLE_REGEX = r"(\([A-Z]\))"  # flexible-extract: the last "(X)", else a choice's text, else ": X"
-EXACT_MATCH_KWARGS = {"ignore_case": True, "ignore_punctuation": True}
+NORMALISATION = Normalisation(ignore_case=True, ignore_punctuation=True)  # the cot_zeroshot YAML's metric_list
 
 
 def preprocess(text: str | None) -> str:
@@ -117,15 +116,6 @@ def extract(completion: str, doc: Row) -> dict[str, str]:
     }
 
 
-def exact_match(extracted: str, target: str) -> float:
-    """lm-eval exact_match ignoring case and punctuation, 1.0 or 0.0."""
-    return float(
-        exact_match_hf_evaluate(predictions=[extracted], references=[target], **EXACT_MATCH_KWARGS)[
-            "exact_match"
-        ]
-    )
-
-
 @dataclass(frozen=True)
 class GpqaCotTask:
     """Zero-shot chain of thought; exact match of the extracted "(X)" under two filters."""
@@ -163,7 +153,7 @@ class GpqaCotTask:
     def score(self, item: Item, result: Result) -> Scored:
         """exact_match,strict-match and exact_match,flexible-extract against the gold letter."""
         assert isinstance(result, GenerateResult)
-        return exact_match_scored(extract(result.text, item.doc), item.doc["answer"], exact_match)
+        return exact_match_scored(extract(result.text, item.doc), item.doc["answer"], NORMALISATION)
 
 
 def _zeroshot(subset: str) -> MCBuilder:

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from lm_eval.api.metrics import exact_match_hf_evaluate
 from lm_eval.filters.extraction import RegexFilter
 
 from evals import data
@@ -40,7 +39,6 @@ from evals.tasks.common import (
     GenSettings,
     chat_renderer,
     check_options,
-    exact_match_scored,
     gen_settings,
     generate_prompt,
     generate_request,
@@ -49,13 +47,11 @@ from evals.tasks.common import (
     sequential_fewshot_indices,
     task_version,
 )
+from evals.tasks.exact_match import Normalisation, exact_match_scored
 
 FLEXIBLE_REGEX = r"(-?[$0-9.,]{2,})|(-?[0-9]+)"  # flexible-extract: the last number-like span
-EXACT_MATCH_KWARGS = {  # every gsm8k YAML's metric_list: exact_match
-    "ignore_case": True,
-    "ignore_punctuation": False,
-    "regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"],
-}
+NORMALISATION = Normalisation(  # every gsm8k YAML's metric_list: exact_match
+    ignore_case=True, ignore_punctuation=False, regexes_to_ignore=(",", "\\$", "(?s).*#### ", "\\.$"))
 
 # gsm8k-cot-llama.yaml fewshot_config.samples: (question, target), in order.
 COT_LLAMA_SHOTS: tuple[tuple[str, str], ...] = (
@@ -186,15 +182,6 @@ def extract(completion: str, variant: Variant | None = None) -> dict[str, str]:
                                                                        ("flexible-extract", FLEXIBLE))}
 
 
-def exact_match(extracted: str, target: str) -> float:
-    """lm-eval's exact_match with gsm8k's normalisation, 1.0 or 0.0."""
-    return float(
-        exact_match_hf_evaluate(predictions=[extracted], references=[target], **EXACT_MATCH_KWARGS)[
-            "exact_match"
-        ]
-    )
-
-
 @dataclass(frozen=True)
 class Gsm8kTask:
     """GSM8K test split under one of lm-eval's GSM8K prompts, plain or chat."""
@@ -257,7 +244,7 @@ class Gsm8kTask:
         """exact_match under both filters against lm-eval's target (gsm8k: the full reference solution)."""
         assert isinstance(result, GenerateResult)
         target = self.variant.doc_to_target(item.doc)
-        return exact_match_scored(extract(result.text, self.variant), target, exact_match)
+        return exact_match_scored(extract(result.text, self.variant), target, NORMALISATION)
 
 
 def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> Gsm8kTask:

@@ -34,7 +34,7 @@ from typing import Any, Literal, get_args
 
 from evals import data
 from evals.data import Row
-from evals.engines.base import GenerateResult, TokenLogprobsRequest
+from evals.engines.base import GenerateResult
 from evals.errors import EvalError
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
@@ -43,12 +43,12 @@ from evals.tasks.common import (
     GenSettings,
     check_options,
     gen_settings,
-    generate_prompt,
     generate_request,
     int_option,
     probe_extra,
 )
 from evals.tasks.needle import ADJECTIVES, NOUNS
+from evals.tasks.session_turns import SessionTurns, Turn, turn_prompts
 
 Ask = Literal["gsm8k", "lookup", "mixed"]
 CachePath = Literal["cold", "warm", "shuffled"]
@@ -65,8 +65,6 @@ GSM8K_CHARS_PER_TOKEN = 2.8  # measured: SmolLM2's tokenizer on GSM8K train prob
 FACT_CHARS_PER_TOKEN = 1.5  # measured: "adjective-noun: 1234567" lines (one token per digit)
 SHORTEST_SHOT_CHARS = 150  # about the shortest GSM8K train problem + solution: below it the block is full
 FACT_SHARE = 0.25  # share of the context's tokens spent on facts; the rest is the few-shot block
-REFERENCE_TOP_K = 20  # alternatives kept per teacher-forced position (as wikitext_kl and the reference signal)
-REFERENCE_MAX_TOKENS = 512  # reference tokens scored per turn (GSM8K's longest solutions fit)
 
 # lm-eval gsm8k's stop strings; a look-up's answer is one line
 GSM8K_UNTIL = ("Question:", "</s>", "<|im_end|>")
@@ -82,25 +80,6 @@ LOOKUP_QUESTION = "Question: What is the value of {key} in the reference facts?\
 STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval gsm8k's strict-match regex
 NUMBER_RE = re.compile(r"\d+")
 INVALID = "[invalid]"  # lm-eval's RegexFilter fallback when nothing matches
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One turn of a session: its question (prompt text), its reference answer and the scored target."""
-
-    ask: Literal["gsm8k", "lookup"]
-    question: str  # "Question: ...\nAnswer:"
-    answer: str  # the reference answer (GSM8K: the worked solution; a look-up: the value)
-    source: str  # GSM8K test row id or the fact's key
-
-
-def turn_prompts(context: str, turns: Sequence[Turn]) -> list[str]:
-    """Each turn's prompt: the context, every earlier turn's question + reference answer, its question."""
-    prompts, history = [], context
-    for turn in turns:
-        prompts.append(history + turn.question)
-        history = history + turn.question + TARGET_DELIMITER + turn.answer + FEWSHOT_DELIMITER
-    return prompts
 
 
 def fact_key(rng: random.Random, taken: set[str]) -> str:
@@ -162,7 +141,7 @@ def score_lookup(completion: str, value: str) -> Scored:
 
 
 @dataclass(frozen=True)
-class SessionsTask:
+class SessionsTask(SessionTurns):
     """Multi-turn sessions, every turn an item on each cache path."""
 
     context_tokens: int = DEFAULT_CONTEXT_TOKENS
@@ -203,10 +182,11 @@ class SessionsTask:
             for kind in kinds:
                 if kind == "gsm8k":
                     doc = test[next(questions)]
-                    turns.append(Turn("gsm8k", f"Question: {doc['question']}\nAnswer:", doc["answer"], str(doc["id"])))
+                    turns.append(Turn("gsm8k", f"Question: {doc['question']}\nAnswer:", doc["answer"],
+                                      source=str(doc["id"])))
                 else:
                     key, value = next(asked)
-                    turns.append(Turn("lookup", LOOKUP_QUESTION.format(key=key), value, key))
+                    turns.append(Turn("lookup", LOOKUP_QUESTION.format(key=key), value, source=key))
             out.append((context, turns))
         return out
 
@@ -218,7 +198,7 @@ class SessionsTask:
             for k, (turn, prompt) in enumerate(zip(turns, turn_prompts(context, turns), strict=True), start=1):
                 for path in path_names(self.shuffles):
                     items.append(Item(item_id=f"{session}/t{k}/{path}", cluster=session, doc={
-                        "session": session, "turn": k, "path": path, "ask": turn.ask, "prompt": prompt,
+                        "session": session, "turn": k, "path": path, "ask": turn.kind, "prompt": prompt,
                         "answer": turn.answer, "source": turn.source, "context_chars": len(context)}))
         return items
 
@@ -236,26 +216,10 @@ class SessionsTask:
         """This probe's cache paths, in item order."""
         return path_names(self.shuffles)
 
-    def session_context(self, item: Item) -> str:
-        """The shared context document every turn of the item's session starts with."""
-        return item.doc["prompt"][: item.doc["context_chars"]]
-
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the turn's prompt (the same on every path) with the settings of its kind of turn."""
         settings = self.gsm8k_settings if item.doc["ask"] == "gsm8k" else self.lookup_settings
         return generate_request(item.doc["prompt"], settings, seed)
-
-    def prompt_text(self, request: Request) -> str:
-        """The whole prompt of the turn."""
-        return generate_prompt(request)
-
-    def reference(self, item: Item) -> str:
-        """The turn's reference answer as the continuation of its prompt (what the next turn's prompt holds)."""
-        return turn_reference(item)
-
-    def reference_request(self, item: Item) -> TokenLogprobsRequest:
-        """The teacher-forced pass over the turn's reference answer given its prompt."""
-        return turn_reference_request(item)
 
     def score(self, item: Item, result: Result) -> Scored:
         """GSM8K turns: lm-eval gsm8k's exact match (strict and flexible); look-ups: the value's exact match."""
@@ -268,25 +232,13 @@ class SessionsTask:
         return Scored(scores=scored.scores, extracted=scored.extracted, target=scored.target, meta=meta)
 
 
-def turn_reference(item: Item) -> str:
-    """A session turn's reference answer (item.doc["answer"]) as the continuation of its prompt."""
-    return TARGET_DELIMITER + item.doc["answer"]
-
-
-def turn_reference_request(item: Item) -> TokenLogprobsRequest:
-    """The teacher-forced pass over a session turn's reference answer given its prompt (item.doc["prompt"])."""
-    return TokenLogprobsRequest(text=turn_reference(item), top_k=REFERENCE_TOP_K, max_tokens=REFERENCE_MAX_TOKENS,
-                                context=item.doc["prompt"])
-
-
 def score_gsm8k(completion: str, solution: str) -> Scored:
     """A GSM8K turn: lm-eval gsm8k's exact match, strict ("#### N") and flexible (the last number)."""
     # lm-eval is imported only here: the vLLM venv has none, and its tests ask look-ups only
-    from evals.tasks.gsm8k import VARIANTS, exact_match, extract  # lm_eval: gsm8k loads it
+    from evals.tasks.exact_match import exact_match_scored  # lm_eval: exact_match loads it
+    from evals.tasks.gsm8k import NORMALISATION, VARIANTS, extract  # lm_eval: gsm8k loads it
 
-    answers = extract(completion, VARIANTS["gsm8k"])
-    return Scored(scores={f"exact_match,{k}": exact_match(v, solution) for k, v in answers.items()},
-                  extracted=dict(answers), target=solution)
+    return exact_match_scored(extract(completion, VARIANTS["gsm8k"]), solution, NORMALISATION)
 
 
 CHATS = False  # a session is one growing raw prompt (build refuses chat = true)

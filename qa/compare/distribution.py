@@ -24,13 +24,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from evals.records import TokenLogprobs
 from qa.compare.pairing import PairedTask
 from qa.errors import PairingError
-from qa.files.comparison import ChunkValue, DistributionEstimate, DistributionMetric, Interval
-from qa.stats.basic import gate_mean_se
+from qa.files.comparison import ChunkValue, DistributionEstimate, DistributionMetric
+from qa.stats.basic import gate_mean_se, t_interval
 
 _P_FLOOR = 1e-12  # probabilities below this are treated as this (keeps log(p/q) finite)
 
@@ -93,10 +92,7 @@ def _estimate(
     qa.stats.basic.gate_mean_se); per-chunk means."""
     value, se, df, _ = gate_mean_se(x, groups)
     se_naive = float(np.std(x, ddof=1) / math.sqrt(len(x))) if len(x) > 1 else None
-    ci = None
-    if se is not None:
-        h = float(stats.t.ppf(0.975, df)) * se
-        ci = Interval(lower=value - h, upper=value + h)
+    ci = t_interval(value, se, df, 0.95) if se is not None else None
     per_chunk = [ChunkValue(chunk=name, n_tokens=hi - lo, value=float(np.mean(x[lo:hi]))) for name, lo, hi in chunks if hi > lo]
     extra = {}
     if metric == "kld":

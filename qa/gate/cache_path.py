@@ -34,6 +34,7 @@ from collections.abc import Callable
 from qa.files.comparison import CacheArm, CacheKLDelta, CachePathEstimate, Comparison, Estimate, ExcessFlips
 from qa.files.policy import TaskPolicy
 from qa.files.verdict import Kind, RuleResult, TaskVerdict
+from qa.gate.margin import interval_status
 from qa.gate.reference import kl_rule as reference_kl_rule
 from qa.gate.reference import logprob_rule as reference_logprob_rule
 from qa.stats.basic import t_interval
@@ -100,11 +101,11 @@ def kl_rule(kl: CacheKLDelta | None, tp: TaskPolicy) -> RuleResult | None:
                           detail=f"{what}, the same on every one of {kl.n} turns ({'<' if ok else '>='} {m:g})")
     ci = t_interval(kl.delta, kl.se, kl.df, level)
     text = f"{what}, {100 * level:.0f}% CI [{ci.lower:+.4g}, {ci.upper:+.4g}]"
-    if ci.upper < m:
-        return RuleResult(**common, ci=ci, status="pass", detail=f"non-inferior: {text} lies below +{m:g}")
-    if ci.lower > m:
-        return RuleResult(**common, ci=ci, status="fail", detail=f"the warm path diverges more: {text} lies above +{m:g}")
-    return RuleResult(**common, ci=ci, status="inconclusive", detail=f"{text} straddles +{m:g}")
+    status = interval_status(ci, below=m)
+    detail = {"pass": f"non-inferior: {text} lies below +{m:g}",
+              "fail": f"the warm path diverges more: {text} lies above +{m:g}",
+              "inconclusive": f"{text} straddles +{m:g}"}[status]
+    return RuleResult(**common, ci=ci, status=status, detail=detail)
 
 
 def accuracy_rule(cp: CachePathEstimate, tp: TaskPolicy, metric_key: str,

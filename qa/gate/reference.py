@@ -15,19 +15,18 @@ no log-probs is reported "not available" and stays as accuracy decided it.
 
 from __future__ import annotations
 
-from scipy import stats as sps
-
 from qa.files.comparison import Comparison, Interval, ReferenceEstimate, ReferenceStat
 from qa.files.policy import TaskPolicy
 from qa.files.verdict import RuleName, RuleResult, Status, TaskVerdict
+from qa.gate.margin import interval_status
+from qa.stats.basic import t_interval
 
 
 def stat_interval(stat: ReferenceStat | None, level: float) -> Interval | None:
-    """value -/+ t_{df, (1 + level) / 2} * se (None when the SE is undefined)."""
+    """value -/+ t_{df, (1 + level) / 2} * se (qa.stats.basic.t_interval; None when the SE is undefined)."""
     if stat is None or stat.se is None or stat.df is None or stat.df < 1:
         return None
-    h = float(sps.t.ppf((1 + level) / 2, stat.df)) * stat.se
-    return Interval(lower=stat.value - h, upper=stat.value + h)
+    return t_interval(stat.value, stat.se, stat.df, level)
 
 
 def nats_ci(ci: Interval, level: float, signed: bool = True) -> str:
@@ -47,13 +46,11 @@ def _bound_rule(rule: RuleName, stat: ReferenceStat | None, bound: float, higher
     if ci is None:
         return RuleResult(**common, status="inconclusive", detail=f"{text}: CI undefined (too few items)")
     text = f"{text} {nats_ci(ci, level, signed=higher_is_better)} nats/token"
-    good, bad = (ci.lower > bound, ci.upper < bound) if higher_is_better else (ci.upper < bound, ci.lower > bound)
+    status = interval_status(ci, above=bound) if higher_is_better else interval_status(ci, below=bound)
     side = ("above", "below") if higher_is_better else ("below", "above")
-    if good:
-        return RuleResult(**common, status="pass", detail=f"{text} lies {side[0]} {bound:g}")
-    if bad:
-        return RuleResult(**common, status="fail", detail=f"{worse}: {text} lies {side[1]} {bound:g}")
-    return RuleResult(**common, status="inconclusive", detail=f"{text} straddles {bound:g}")
+    detail = {"pass": f"{text} lies {side[0]} {bound:g}", "fail": f"{worse}: {text} lies {side[1]} {bound:g}",
+              "inconclusive": f"{text} straddles {bound:g}"}[status]
+    return RuleResult(**common, status=status, detail=detail)
 
 
 def logprob_rule(ref: ReferenceEstimate, tp: TaskPolicy, decides: bool) -> RuleResult:

@@ -9,7 +9,8 @@ Per task, in this order:
 2. information: fewer than 2 paired items, both arms pinned at one value, or a binary baseline at 0
    on every item (no regression is observable) -> inconclusive, "no information";
 3. each rule (noninferiority, tost, sigma) decides pass / fail / inconclusive on the (1 - 2 alpha)
-   interval of delta from `qa.stats.intervals.delta_interval`; the sigma ("within k SE") rule is always
+   interval of delta from `qa.stats.intervals.delta_interval`, placed against the margin by
+   `qa.gate.margin.interval_status` (as every interval rule is); the sigma ("within k SE") rule is always
    computed and reported, deciding only when listed; the truncation rule (the candidate's truncation
    rate may not rise by more than `truncation_margin`, on the same (1 - 2 alpha) interval) is computed
    when the records hold truncation and decides unless `gate_truncation = false`; its fail stands
@@ -52,17 +53,15 @@ def _ci_rule(est: Estimate, tp: TaskPolicy, rule: str, decides: bool) -> RuleRes
     common = {"rule": rule, "decides": decides, "ci_level": level, "ci": ci, "ci_method": est.ci_method, "margin": m}
     if ci is None:
         return RuleResult(**common, status="inconclusive", detail="CI undefined (too few items)")
-    text = ci_text(ci, level)
+    text, edge, band = ci_text(ci, level), f"-{100 * m:.1f} pts", f"(-{100 * m:.1f}, +{100 * m:.1f}) pts"
     if rule == "noninferiority":
         status = interval_status(ci, above=-m)
-        edge = f"-{100 * m:.1f} pts"
         detail = {"pass": f"non-inferior: {text} lies above {edge}", "fail": f"worse: {text} lies below {edge}",
                   "inconclusive": f"{text} straddles {edge}"}[status]
-        return RuleResult(**common, status=status, detail=detail)
-    status = interval_status(ci, above=-m, below=m)
-    band = f"(-{100 * m:.1f}, +{100 * m:.1f}) pts"
-    detail = {"pass": f"equivalent: {text} inside {band}", "fail": f"not equivalent: {text} outside {band}",
-              "inconclusive": f"{text} overlaps the edge of {band}"}[status]
+    else:
+        status = interval_status(ci, above=-m, below=m)
+        detail = {"pass": f"equivalent: {text} inside {band}", "fail": f"not equivalent: {text} outside {band}",
+                  "inconclusive": f"{text} overlaps the edge of {band}"}[status]
     return RuleResult(**common, status=status, detail=detail)
 
 

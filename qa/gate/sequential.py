@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from qa.files.comparison import Estimate, SequentialLook, SequentialTask
 from qa.files.policy import TaskPolicy
+from qa.gate.margin import interval_status
 from qa.gate.rules import error_rate, no_information
 from qa.stats.intervals import delta_interval
 from qa.stats.sequential import Design, adjusted_level, boundaries_at, cumulative_alpha, look_sizes, spent
@@ -63,13 +64,14 @@ def look_decision(est: Estimate, tp: TaskPolicy, look: int, n_planned: int) -> S
         alpha_spent = spent(tp.spending, tp.alpha, times[-1])
     ci = delta_interval(est, level)
     errors_ok = max(error_rate(est.n_errors_baseline, est), error_rate(est.n_errors_candidate, est)) <= tp.max_error_rate
-    tost = "tost" in tp.rules  # equivalence: the interval must also lie below +margin
+    below = tp.margin if "tost" in tp.rules else None  # equivalence: the interval must also lie below +margin
     decision = "continue"
     if ci is not None and errors_ok:
-        if ci.upper < -tp.margin or (tost and ci.lower > tp.margin):
+        status = interval_status(ci, above=-tp.margin, below=below)
+        if status == "fail":
             decision = "fail"
-        elif (ci.lower > -tp.margin and (not tost or ci.upper < tp.margin) and "sigma" not in tp.rules
-              and est.n >= tp.min_n and no_information(est) is None):
+        elif (status == "pass" and "sigma" not in tp.rules and est.n >= tp.min_n
+              and no_information(est) is None):
             decision = "pass"
     return SequentialLook(look=look, fraction=est.n / n_planned, n=est.n, z_crit=z, adjusted_level=level,
                           alpha_spent=alpha_spent, lower=ci.lower if ci else None, upper=ci.upper if ci else None,

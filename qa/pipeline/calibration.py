@@ -5,7 +5,6 @@ worker import it when they calibrate."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from evals.errors import DataError, ModelError
 from evals.models import load_model, resolve_model
 from quant.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
 from quant.export import export_model_folder
+from quant.fileio import jsonl_objects
 from quant.scales import KVScales
 
 CALIBRATION_SETS = ("wikitext2", "gsm8k")  # named sets; anything else is a .txt / .jsonl path
@@ -33,11 +33,11 @@ def calibration_texts(source: str, data_dir: Path | None) -> tuple[str, list[str
         raise DataError(f"calibration data {source!r}: not {' or '.join(CALIBRATION_SETS)} and not a file")
     if path.suffix == ".jsonl":
         texts = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                row = json.loads(line)
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise DataError(f"{path}:{n}: expected a JSON object with a string field 'text'")
+        shape = "expected a JSON object with a string field 'text'"
+        with open(path, encoding="utf-8") as fh:
+            for n, row in jsonl_objects(fh, path, DataError, corrupt=shape, expected=shape, keys=("text",)):
+                if not isinstance(row["text"], str):
+                    raise DataError(f"{path}:{n}: {shape}")
                 texts.append(row["text"])
         return path.name, texts
     return path.name, [path.read_text(encoding="utf-8")]

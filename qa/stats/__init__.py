@@ -5,9 +5,9 @@ per item and arm first; ddof = 1; t reference with n - 1 df, or G - 1 with CR1 c
 when items share a cluster key; Tango's score interval for binary, single-repeat, unclustered data
 with few discordant pairs; every random draw from `numpy.random.default_rng(seed)`.
 
-Modules: `basic` (SEs, t and Wilson intervals, flips), `paired_tests` (McNemar / item sign test,
-Tango), `intervals` (the one function giving the CI of delta at any level), `power` (MDE, items and
-repeats needed), `bootstrap` (paired BCa), `estimate` (one Estimate per task/metric/filter),
-`generation` (truncation rates and output lengths per arm, their paired changes).
-Pass / fail / inconclusive is decided only in `qa.gate.rules`.
+Modules: `basic` (SEs, the one t interval, Wilson intervals, flips), `paired_tests` (McNemar / item
+sign test, Tango), `intervals` (the one function giving the CI of delta at any level), `power` (MDE,
+items and repeats needed), `bootstrap` (paired BCa), `multiplicity` (Holm), `sequential`
+(group-sequential boundaries). qa.compare builds the estimates from them.
+Pass / fail / inconclusive is decided only in qa.gate (an interval against a margin: qa.gate.margin).
 """

@@ -70,7 +70,8 @@ def gate_mean_se(x: np.ndarray, clusters: Sequence[str] | np.ndarray | None) -> 
 
 
 def t_interval(est: float, se: float, df: int, conf: float) -> Interval:
-    """est -/+ t_{df, (1+conf)/2} * se."""
+    """est -/+ t_{df, (1+conf)/2} * se: the one t interval (of delta, the reference-answer and distribution
+    means, the cache KL)."""
     h = float(stats.t.ppf((1 + conf) / 2, df)) * se
     return Interval(lower=est - h, upper=est + h)
 

@@ -8,6 +8,7 @@ import pytest
 from evals.engines.base import GenerateRequest, GenerateResult
 from evals.tasks import get_task, gsm8k
 from evals.tasks.base import Item, TaskOptions
+from evals.tasks.exact_match import exact_match
 from tests.shared_data import SHARED_DATA as DATA_DIR
 
 GSM_TARGET = "Janet sells 16 - 3 - 4 = 9 duck eggs a day.\nShe makes 9 * 2 = $18 every day.\n#### 18"
@@ -70,6 +71,6 @@ def test_filters_and_exact_match(
 
 
 def test_exact_match_normalisation() -> None:
-    assert gsm8k.exact_match("$1,234", "blah #### 1234") == 1.0
-    assert gsm8k.exact_match("1234", "blah #### 1,234") == 1.0
-    assert gsm8k.exact_match("12", "blah #### 1234") == 0.0
+    assert exact_match("$1,234", "blah #### 1234", gsm8k.NORMALISATION) == 1.0
+    assert exact_match("1234", "blah #### 1,234", gsm8k.NORMALISATION) == 1.0
+    assert exact_match("12", "blah #### 1234", gsm8k.NORMALISATION) == 0.0

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from evals.errors import DataError
 from qa.files.spec import parse_spec
+from qa.pipeline.calibration import calibration_texts
 from qa.pipeline.resolve import feeds_vllm, resolve_run
 from qa.pipeline.worker import calibrate_step
 from quant.export import SCALES_FILE
@@ -70,3 +72,14 @@ def test_fed_arm_serves_the_exported_folder(tiny: Path, tmp_path: Path) -> None:
     stamp = (rd.vllm_model / "config.json").stat().st_mtime_ns
     calibrate_step(run.record, rd)  # both there: the folder is reused, not rewritten
     assert (rd.vllm_model / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_a_jsonl_calibration_file_gives_its_texts_and_names_a_bad_line(tmp_path: Path) -> None:
+    good = tmp_path / "calib.jsonl"
+    good.write_text('{"text": "one"}\n\n{"text": "two", "id": 2}\n', encoding="utf-8")
+    assert calibration_texts(str(good), None) == ("calib.jsonl", ["one", "two"])
+    for body, line in (('{"text": "one"}\n{"text": \n', 2), ('{"text": 3}\n', 1), ('["text"]\n', 1)):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(body, encoding="utf-8")
+        with pytest.raises(DataError, match=rf"bad\.jsonl:{line}: .*expected a JSON object with a string field 'text'"):
+            calibration_texts(str(bad), None)
