@@ -15,8 +15,8 @@ estimate written since carries it. For each such estimate of a lower-is-better m
 (McNemar's p-values are symmetric in its two counts, unchanged) and adds `higher_is_better: false` just
 before `ci_method`, where the schema puts it, so that Estimate.items_by_sign reads the swapped counts right
 and a second run finds nothing to do. delta, its intervals and tests are about the sign and stay as they
-are. A schema-1 file gets the same swap: its estimates are migrated on load (qa.files.comparison_v1), which
-takes items_worse / items_better from the fixed McNemar or flips counts. Flips keyed by a lower-is-better
+are. A schema-1 file gets the same swap, before scripts/migrate_comparisons.py rewrites it in the current schema
+(taking items_worse / items_better from the fixed McNemar or flips counts). Flips keyed by a lower-is-better
 metric's name outside an estimate (a cache path's per-arm flips) carry no direction to test: the script
 stops with an error naming them (there are none in reports/ now).
 
@@ -123,13 +123,16 @@ def fix_file(path: Path) -> list[str]:
     new = dumped(fix(doc, "", changed))
     if not changed:
         return []
-    old_sha, new_sha = hashlib.sha256(raw).hexdigest(), hashlib.sha256(new).hexdigest()
-    naming = {p: p.read_bytes() for p in (path.with_name(n) for n in NAME_THE_SHA) if p.is_file()}
     path.write_bytes(new)
-    for other, data in naming.items():
-        if old_sha.encode() in data:
-            other.write_bytes(data.replace(old_sha.encode(), new_sha.encode()))
+    rename_comparison_sha(path.parent, hashlib.sha256(raw).hexdigest(), hashlib.sha256(new).hexdigest())
     return changed
+
+
+def rename_comparison_sha(folder: Path, old_sha: str, new_sha: str) -> None:
+    """Replace comparison.json's old sha256 by its new one in the files of `folder` that name it (NAME_THE_SHA)."""
+    for other in (folder / name for name in NAME_THE_SHA):
+        if other.is_file() and old_sha.encode() in (data := other.read_bytes()):
+            other.write_bytes(data.replace(old_sha.encode(), new_sha.encode()))
 
 
 def main(argv: list[str]) -> int:

@@ -18,7 +18,6 @@ from typing import Literal
 from pydantic import Field, ValidationError
 
 from qa.errors import QAError
-from qa.files.comparison_v1 import migrate_v1
 from qa.files.estimates import (
     COMPARISON_SCHEMA_VERSION,
     SIGN_CONVENTION,
@@ -256,8 +255,8 @@ def save_comparison(path: Path, comparison: Comparison) -> None:
 
 
 def load_comparison(path: Path) -> Comparison:
-    """Read and validate comparison.json (schema 2, or schema 1 migrated in memory); a missing or
-    invalid file is a one-line QAError."""
+    """Read and validate comparison.json (schema 2; a schema-1 file is refused, naming the script that
+    migrates it); a missing or invalid file is a one-line QAError."""
     if path.is_dir():
         path = path / "comparison.json"
     if not path.exists():
@@ -267,7 +266,7 @@ def load_comparison(path: Path) -> Comparison:
     except json.JSONDecodeError as exc:
         raise QAError(f"{path}: not valid JSON ({exc.msg}); re-run `qa compare`") from None
     if isinstance(data, dict) and data.get("schema_version") == 1:
-        data = migrate_v1(data)
+        raise QAError(f"{path}: schema 1 comparison.json: run scripts/migrate_comparisons.py")
     if not isinstance(data, dict) or data.get("schema_version") != COMPARISON_SCHEMA_VERSION:
         version = data.get("schema_version") if isinstance(data, dict) else None
         raise QAError(

@@ -1,5 +1,5 @@
-"""Every run folder committed under reports/ re-gates, from its comparison.json alone (schema 1 files
-are migrated on load), to the status its verdict.json records under the same policy. A several-candidate
+"""Every run folder committed under reports/ re-gates, from its comparison.json alone (schema 1 files were
+rewritten by scripts/migrate_comparisons.py), to the status its verdict.json records under the same policy. A several-candidate
 run's root holds a run-level verdict (RunVerdict): each of its candidates/<name>/ folders is re-gated as
 a run folder, and the root must record exactly those candidates' statuses. Withdrawn runs
 (reports/withdrawn/, reports/WITHDRAWN.md) are not re-gated."""
