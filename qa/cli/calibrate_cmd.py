@@ -1,8 +1,9 @@
-"""`qa calibrate`: static KV scales, optionally exported (a thin shell over `quant.calibrate.calibrate`).
-
-This module only resolves the model (evals.models) and the text (evals.data: wikitext2 test, gsm8k train, or
-a .txt / .jsonl file). Torch is imported when the command runs, never when the CLI starts (`qa gate` and
-the other light commands must not load it). Exit 0 on success, 2 for a usage error.
+"""`qa calibrate`: static KV scales, optionally exported (a thin shell over
+`qa.pipeline.calibration.calibrate_model`, which resolves the model and reads the text: wikitext2 test,
+gsm8k train, or a .txt / .jsonl file), written as a scales file pair, in another tool's layout
+(`--export`, quant.export) or as a model folder vLLM loads (`--model-out`). Torch is imported when the
+command runs, never when the CLI starts (`qa gate` and the other light commands must not load it).
+Exit 0 on success, 2 for a usage error.
 """
 
 from __future__ import annotations
