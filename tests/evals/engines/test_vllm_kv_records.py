@@ -149,5 +149,6 @@ def test_the_servers_kv_table_wins_over_its_env(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match=f"env.{PLUGIN_ENV} and a kv table both switch") as err:
         server_env(both)
     assert "\n" not in str(err.value)
-    direct = server_env(VllmServerSpec(model=tmp_path, env={PLUGIN_ENV: '{"format":"none"}'}))
-    assert direct[PLUGIN_ENV] == '{"format":"none"}'  # no kv table: the env's own switch is left as given
+    with pytest.raises(EngineError, match="unchecked") as err:  # no kv table: the switch would run unchecked
+        server_env(VllmServerSpec(model=tmp_path, env={PLUGIN_ENV: '{"format":"none"}'}))
+    assert "\n" not in str(err.value)
