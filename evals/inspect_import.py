@@ -13,12 +13,11 @@ error and no scores. The input text itself is not kept (only its hash), as with 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 from evals.errors import RecordError
-from evals.records import SampleRecord, sha256_text, write_records
+from evals.records import SampleRecord, sha256_text
 
 INSPECT_SUFFIXES = (".eval", ".json")
 INSTALL_HINT = "pip install 'inspect-ai==0.3.285' (the dev extra has it)"
@@ -76,13 +75,3 @@ def import_inspect(path: Path, arm: str) -> list[SampleRecord]:
             scores={} if error else _scores(s, to_float), error=error,
             meta={"inspect_model": log.eval.model, "inspect_log": path.name}))
     return records
-
-
-def write_inspect_records(path: Path, folder: Path, arm: str) -> Path:
-    """The log at `path` imported into `folder`/<task>.jsonl (replaced if there); the folder."""
-    records = import_inspect(path, arm)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
-    write_records(folder / f"{records[0].task}.jsonl", records)
-    return folder

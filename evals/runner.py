@@ -131,7 +131,7 @@ def run_task(engine: Engine, task: Task, *, arm: str, out_path: Path, limit: int
         if blocks is not None:
             raise EvalError("sessions: sequential looks do not apply to the cache-path probe; run it unsequenced")
         return run_sessions(engine, task, arm=arm, out_path=out_path, limit=limit,  # type: ignore[arg-type]
-                            repeats=repeats, seed=seed, data_dir=data_dir)
+                            repeats=repeats, seed=seed, data_dir=data_dir, progress=progress)
     start = time.perf_counter()
     shown = settings_from_env(progress)
     items = select_items(task.items(data_dir), limit, seed)

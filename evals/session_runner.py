@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from evals.context_fit import SESSION_LENGTH_OPTIONS, session_overflow
 from evals.engines import base
 from evals.engines.base import Engine, PrefixCacheControl, PrefixCacheStats
 from evals.errors import EngineError, EvalError
@@ -65,7 +66,6 @@ PREFIX_CACHE_HINTS = {
     "openai": "serve the model with prefix caching on (vLLM: its default; llama.cpp: cache_prompt)",
 }
 NO_COUNTERS = PrefixCacheStats(queried_tokens=0, hit_tokens=0, source="none")
-LENGTH_OPTIONS = {"agentic": "session_tokens"}  # the option that sizes a task's sessions (else context_tokens)
 
 
 def prefix_cache_of(engine: Engine) -> PrefixCacheControl | None:
@@ -102,18 +102,18 @@ def _encoder(engine: Engine) -> Callable[[str], list[int]] | None:
 
 
 def check_fits(engine: Engine, task: SessionTask, items: Sequence[Item]) -> None:
-    """EvalError when the longest turn (prompt + reference + generation budget) exceeds the engine's
-    window, where the engine says both its window and its tokenizer (hf, vllm)."""
+    """EvalError when a session's longest turn (prompt + reference + generation budget) exceeds the engine's
+    window, where the engine says both its window and its tokenizer (hf, vllm): the check `qa run` makes before
+    any arm starts (evals.context_fit.session_overflow), made again by the engine that serves the turns."""
     window = getattr(engine, "max_model_len", None) or getattr(engine, "max_length", None)
     encode = _encoder(engine)
     if not isinstance(window, int) or encode is None or not items:
         return
-    last = max(items, key=lambda it: len(it.doc["prompt"]))
-    need = len(encode(last.doc["prompt"] + task.reference(last))) + task.max_new_tokens
-    if need > window:
-        raise EvalError(f"{task.name}: the longest turn needs {need} tokens (prompt, reference and generation budget); "
-                        f"the model's window is {window}: lower {LENGTH_OPTIONS.get(task.name, 'context_tokens')}, "
-                        "turns or max_tokens")
+    over = session_overflow(task, items, encode, window)
+    if over is not None:
+        length = SESSION_LENGTH_OPTIONS.get(task.name, "context_tokens")
+        raise EvalError(f"{task.name}: the longest turn needs {over.need} tokens ({over.what}); the model's window "
+                        f"is {window}: lower {length}, turns or max_tokens")
 
 
 @dataclass(frozen=True)
@@ -227,9 +227,9 @@ def _path_meta(before: PrefixCacheStats, after: PrefixCacheStats) -> Meta:
 
 
 def run_sessions(engine: Engine, task: SessionTask, *, arm: str, out_path: Path, limit: int | None = None,
-                 repeats: int = 1, seed: int = 0, data_dir: Path | None = None) -> RunSummary:
+                 repeats: int = 1, seed: int = 0, data_dir: Path | None = None, progress: bool = True) -> RunSummary:
     """Serve every session of `task` cold, warm and shuffled on `engine` as arm `arm`, appending one record
-    per turn and path to `out_path` (records already there are kept: resume)."""
+    per turn and path to `out_path` (records already there are kept: resume); `progress` as evals.runner's."""
     start = time.perf_counter()
     if repeats != 1:
         raise EvalError(f"{task.name}: repeats = {repeats}; the task runs each turn once per path (add sessions)")
@@ -255,7 +255,7 @@ def run_sessions(engine: Engine, task: SessionTask, *, arm: str, out_path: Path,
     with RecordWriter(out_path) as writer, ExitStack() as shown:
         done = {key for key, _ in writer.done}
         skipped = len(done & set(turns))
-        bar = shown.enter_context(task_progress(f"{arm}/{task.name}", len(turns) - skipped, settings_from_env()))
+        bar = shown.enter_context(task_progress(f"{arm}/{task.name}", len(turns) - skipped, settings_from_env(progress)))
 
         def write(turn: _Turn, answer: tuple[Any, Any, Meta], extra: Meta) -> None:
             nonlocal written, errors, tokens

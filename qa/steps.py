@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from qa.compare.arms import compare_arms, load_arm
+from qa.compare.arms import check_formats, compare_arms, load_arm
 from qa.errors import QAError
 from qa.files.comparison import Comparison, StatsSettings
 from qa.files.policy import Policy, load_policy
@@ -44,10 +44,12 @@ class Arms:
 
 def compare_folders(arms: Arms, out: Path | None, settings: StatsSettings,
                     progress: Progress | None = None) -> Comparison:
-    """Pair the arms' folders (records/<arm> or lm-eval --log_samples) and compute the comparison; with
-    `out`, write `out`/comparison.json atomically."""
-    rerun = load_arm(arms.rerun) if arms.rerun is not None else None
-    comparison = compare_arms(load_arm(arms.baseline), load_arm(arms.candidate), settings, progress, rerun)
+    """Pair the arms (records/<arm> folders, lm-eval --log_samples folders or Inspect AI logs) and compute the
+    comparison; with `out`, write `out`/comparison.json atomically."""
+    paths = [p for p in (arms.baseline, arms.candidate, arms.rerun) if p is not None]
+    check_formats(paths)
+    loaded = [load_arm(p) for p in paths]
+    comparison = compare_arms(loaded[0], loaded[1], settings, progress, loaded[2] if len(loaded) > 2 else None)
     if out is not None:
         RunDir(out).save_comparison(comparison)
     return comparison

@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from quant.conventions import (
+    PER_LAYER_STRATEGIES,
     Convention,
     ConventionFit,
     convention_problems,
@@ -192,7 +193,7 @@ def _declared(folder: Path, field: str) -> tuple[str, str, dict[str, Any] | None
     files = [config_path] if config_path.is_file() else []
     bits = (scheme.get("type"), scheme.get("num_bits")) if scheme is not None else None
     value_field = field.endswith(("k_scale", "v_scale"))
-    vllm_kv = bits == ("float", 8) and (scheme or {}).get("strategy", "tensor") in ("tensor", "attn_head")
+    vllm_kv = bits == ("float", 8) and ((scheme or {}).get("strategy") or "tensor") in PER_LAYER_STRATEGIES
     if method == "compressed-tensors" and vllm_kv:
         loads, how = value_field, (
             "loaded by CompressedTensorsKVCacheMethod into the attention layers' k/v scales, used as they are"

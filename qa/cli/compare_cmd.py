@@ -1,6 +1,6 @@
 """`qa compare BASE CAND --out DIR` and `qa plan --task T --margin M`: thin shells over
-`qa.api.compare` (+ the gate's verdict under --policy). BASE and CAND may be Inspect AI logs: they are imported
-into DIR/inspect/<role>/ first (evals.inspect_import) and paired like any records."""
+`qa.api.compare` (+ the gate's verdict under --policy). BASE and CAND may be record folders, lm-eval
+--log_samples folders or Inspect AI logs (qa.compare.arms reads each kind)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evals.errors import RecordError
-from evals.inspect_import import is_inspect_log, write_inspect_records
 from qa import api
 from qa.cli.app import app
 from qa.cli.options import PolicyOpt
@@ -43,22 +41,6 @@ def _table(comparison: Comparison, verdict: Verdict) -> Table:
     return t
 
 
-def inspect_arms(base: Path, cand: Path, rerun: Path | None, out: Path) -> tuple[Path, Path, Path | None]:
-    """Inspect AI logs given for the arms, imported into `out`/inspect/<role>/ (evals.inspect_import); folders
-    as given. RecordError when logs and folders are mixed."""
-    given = {"baseline": base, "candidate": cand, **({"rerun": rerun} if rerun is not None else {})}
-    logs = {role: is_inspect_log(p) for role, p in given.items()}
-    if not any(logs.values()):
-        return base, cand, rerun
-    if not all(logs.values()):
-        folders = ", ".join(f"{role} {given[role]}" for role, is_log in logs.items() if not is_log)
-        raise RecordError(f"Inspect AI logs pair only with Inspect AI logs (.eval or .json); not a log: {folders}")
-    stems = {p.stem for p in given.values()}
-    folders = {role: write_inspect_records(p, out / "inspect" / role, p.stem if len(stems) == len(given) else role)
-               for role, p in given.items()}
-    return folders["baseline"], folders["candidate"], folders.get("rerun")
-
-
 @app.command()
 def compare(
     base: Annotated[Path, typer.Argument(help="Baseline: records/<arm> folder, lm-eval --output_path (--log_samples) "
@@ -80,7 +62,6 @@ def compare(
         def progress(what: str, done: int, total: int) -> None:
             bar.update(job, description=what, completed=done, total=total)
 
-        base, cand, rerun = inspect_arms(base, cand, rerun, out)
         comparison = api.compare(base, cand, out, settings, rerun=rerun, progress=progress)
     verdict = api.decide(comparison, policy, candidate=cand)
     out_console = Console() if Console().is_terminal else Console(width=160)  # pipes and logs: no wrapping

@@ -1,4 +1,4 @@
-"""Analyze two arms: read them (toolkit record folders or lm-eval --log_samples folders), pair them,
+"""Analyze two arms: read them (toolkit record folders, lm-eval --log_samples folders or Inspect AI logs), pair them,
 and compute every estimate, distribution statistic and truncation / output-length estimate (a
 `Comparison`: numbers, no decisions)."""
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from evals.errors import RecordError
+from evals.inspect_import import import_inspect, is_inspect_log
 from evals.lmeval_import import import_lmeval, is_lmeval_folder
 from evals.records import SampleRecord, iter_arm_records
 from qa.compare.cache_path import cache_path_estimates, standard_records
@@ -21,7 +22,7 @@ from qa.compare.reference import reference_estimate
 from qa.compare.slices import slice_tables
 from qa.files.comparison import Comparison, Estimate, StatsSettings
 
-ArmFormat = Literal["records", "lm-eval"]
+ArmFormat = Literal["records", "lm-eval", "inspect"]
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
@@ -35,9 +36,13 @@ class Arm:
 
 
 def detect_format(path: Path) -> ArmFormat:
-    """"records" for a toolkit arm folder (<task>.jsonl records), "lm-eval" for a --log_samples folder."""
+    """"records" for a toolkit arm folder (<task>.jsonl records), "lm-eval" for a --log_samples folder,
+    "inspect" for an Inspect AI log file (.eval / .json)."""
+    if is_inspect_log(path):
+        return "inspect"
     if not path.is_dir():
-        raise RecordError(f"{path}: no such folder; pass an arm records folder or an lm-eval --output_path folder")
+        raise RecordError(f"{path}: no such folder; pass an arm records folder, an lm-eval --output_path folder "
+                          "or an Inspect AI log (.eval / .json)")
     if any(p.name.startswith("samples_") for p in path.glob("*.jsonl")) or (
         not any(path.glob("*.jsonl")) and is_lmeval_folder(path)
     ):
@@ -53,6 +58,8 @@ def detect_format(path: Path) -> ArmFormat:
 def load_arm(path: Path) -> Arm:
     """Every record of one arm, whatever its format; the label is the records' arm name or the folder name."""
     fmt = detect_format(path)
+    if fmt == "inspect":
+        return Arm(label=path.stem, format=fmt, records=tuple(import_inspect(path, path.stem)))
     if fmt == "lm-eval":
         records = import_lmeval(path)
         return Arm(label=path.resolve().name, format=fmt, records=tuple(records))
@@ -61,6 +68,14 @@ def load_arm(path: Path) -> Arm:
     if len(arms) > 1:
         raise RecordError(f"{path}: records of {len(arms)} arms ({', '.join(arms[:3])}) in one folder; keep one arm per folder")
     return Arm(label=arms[0] if arms else path.resolve().name, format=fmt, records=tuple(records))
+
+
+def check_formats(paths: list[Path]) -> None:
+    """RecordError when Inspect AI logs are paired with folders (their tasks and ids cannot match)."""
+    logs = [is_inspect_log(p) for p in paths]
+    if any(logs) and not all(logs):
+        folders = ", ".join(str(p) for p, is_log in zip(paths, logs, strict=True) if not is_log)
+        raise RecordError(f"Inspect AI logs pair only with Inspect AI logs (.eval or .json); not a log: {folders}")
 
 
 def compare_arms(

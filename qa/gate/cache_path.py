@@ -37,6 +37,7 @@ from qa.files.verdict import Kind, RuleResult, TaskVerdict
 from qa.gate.margin import interval_status
 from qa.gate.reference import kl_rule as reference_kl_rule
 from qa.gate.reference import logprob_rule as reference_logprob_rule
+from qa.gate.reference import reference_decides
 from qa.stats.basic import t_interval
 from qa.textfmt import ci_text, percent
 
@@ -130,8 +131,7 @@ def warm_reference_rules(cp: CachePathEstimate, tp: TaskPolicy, no_information: 
     ref = cp.warm_reference
     if ref is None or ref.n == 0:
         return []
-    decides = tp.gate_cache_path and (tp.reference_gate == "always"
-                                      or (tp.reference_gate == "when_no_information" and no_information))
+    decides = tp.gate_cache_path and reference_decides(tp, no_information)
     pairs = (("cache_reference_logprob", reference_logprob_rule(ref, tp, decides)),
              ("cache_reference_kl", reference_kl_rule(ref, tp, decides)))
     return [r.model_copy(update={"rule": name, "detail": f"candidate warm path vs baseline cold path: {r.detail}"})

@@ -69,13 +69,19 @@ def _worst(statuses: list[Status]) -> Status:
     return "fail" if "fail" in statuses else "inconclusive" if "inconclusive" in statuses else "pass"
 
 
+def reference_decides(tp: TaskPolicy, no_information: bool) -> bool:
+    """Whether the reference-answer rules decide (`reference_gate`: always, or where accuracy carries no
+    information), rather than being reported beside the accuracy rules."""
+    return tp.reference_gate == "always" or (tp.reference_gate == "when_no_information" and no_information)
+
+
 def with_reference(verdict: TaskVerdict, comparison: Comparison, tp: TaskPolicy) -> TaskVerdict:
     """`verdict` with the task's reference-answer rules added (reported), deciding as `reference_gate` says."""
     ref = next((r for r in comparison.reference if r.task == verdict.task), None)
     if ref is None:
         return verdict
     no_info = verdict.kind == "no_information"
-    decides = tp.reference_gate == "always" or (tp.reference_gate == "when_no_information" and no_info)
+    decides = reference_decides(tp, no_info)
     if ref.n == 0:
         note = f"reference-answer signal not available ({ref.unavailable or 'no log-probs'})"
         return verdict.model_copy(update={"warnings": [*verdict.warnings, note]})
