@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,7 +152,6 @@ def vllm_worker(job: Path, result: Path) -> None:
     """Child entry (run with .venv-vllm's python): prompt log-probs of every chunk for one kv_cache_dtype."""
     spec = json.loads(job.read_text())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from contextlib import nullcontext
 
     import vllm
 

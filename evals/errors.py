@@ -21,6 +21,11 @@ class EngineError(EvalError):
     """An engine cannot be built or cannot serve the requested kind of task."""
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's whole message on one line (transformers' validation errors span several)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its class name when the message is empty)."""
     text = str(exc).strip()

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from evals.errors import RecordError
+from evals.errors import RecordError, one_line
 from evals.records import SampleRecord, sha256_text
 
 INSPECT_SUFFIXES = (".eval", ".json")
@@ -59,7 +59,7 @@ def import_inspect(path: Path, arm: str) -> list[SampleRecord]:
     try:
         log = read_eval_log(str(path))
     except Exception as exc:  # noqa: BLE001 - whatever the reader says, the file is not a log it reads
-        raise RecordError(f"{path}: not an Inspect AI log inspect-ai can read: {' '.join(str(exc).split())[:300]}") from None
+        raise RecordError(f"{path}: not an Inspect AI log inspect-ai can read: {one_line(exc)[:300]}") from None
     if not log.samples:
         raise RecordError(f"{path}: an Inspect AI log with no samples (status {log.status}); run the eval with its "
                           "samples logged")

@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from evals.errors import ModelError
+from evals.errors import ModelError, one_line
 from evals.offline import hub_mode, hub_offline
 from quant.fileio import atomic_write_text, sha256_file
 from quant.validation import did_you_mean
@@ -230,11 +230,6 @@ def resolve_model(name: str) -> ResolvedModel:
         hint = did_you_mean(name, NAMED_MODELS, listing="named models")
         raise ModelError(f"unknown model {name!r} (not a named model, a model folder or an org/name hub id); {hint}")
     return _resolve_hub(name)
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line (transformers' validation errors span several)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def read_model_config(path: Path, trust_remote_code: bool = False):  # -> transformers.PretrainedConfig

@@ -60,3 +60,23 @@ def hub_mode(offline: bool) -> Iterator[None]:
         hub.HF_HUB_OFFLINE = saved[0]
         if config is not None:
             config.HF_HUB_OFFLINE = saved[1]
+
+
+@contextmanager
+def scoped_env(env: Mapping[str, str | None]) -> Iterator[None]:
+    """`env` set in this process for the duration of the block (a None value unsets that variable), then
+    what was there restored."""
+    before = {k: os.environ.get(k) for k in env}
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

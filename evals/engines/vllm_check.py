@@ -30,10 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from evals.engines.vllm_args import check_flag_names, check_offline_flags, cli_flags, parse_vllm_args
 from evals.engines.vllm_kv.plugin import unrecognised_vllm
-from evals.engines.vllm_kv.switch import scoped_env
 from evals.engines.vllm_offline import check_kv_dtype, engine_arg_names, supported_kv_dtypes
 from evals.errors import EngineError, first_line
-from evals.offline import offline_env
+from evals.offline import offline_env, scoped_env
 from quant.kv_spec import kv_spec_from_dict
 from quant.validation import did_you_mean
 
@@ -110,7 +109,6 @@ class Refused(Exception):
     """vLLM's argparse refused the command line (its `error` raises this instead of exiting)."""
 
 
-arm_env = scoped_env  # an arm's variables set for the duration of its check, then restored
 
 
 @functools.cache
@@ -246,7 +244,7 @@ def run_check(check: ArmCheck) -> CheckOutcome:
 
     offline, hub.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE, False  # EngineArgs would look the model up offline
     try:
-        with arm_env(check.env):
+        with scoped_env(check.env):  # the arm's variables for its check, then restored
             check_env(check.env)
             notes = check_server(check) if check.kind == "server" else check_offline(check)
             if check.kv is not None:

@@ -28,3 +28,12 @@ def portable_text(text: str, repo: Path) -> str:
 def machine_paths(text: str) -> list[str]:
     """The machine paths `text` names (MACHINE_PATH), in order."""
     return [m.group(0) for m in MACHINE_PATH.finditer(text)]
+
+
+def portable_dir(folder: Path) -> str:
+    """A folder as a committed file may name it: relative to the working directory when inside it, else its
+    own name (a report's run folder)."""
+    try:
+        return str(folder.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return folder.name

@@ -17,8 +17,8 @@ from evals.engines.hf.args import HFEngineArgs
 from evals.engines.hf.fit import context_window
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.vllm_args import VllmEngineArgs
-from evals.errors import ModelError
-from evals.models import one_line, read_model_config, resolve_model
+from evals.errors import ModelError, one_line
+from evals.models import read_model_config, resolve_model
 from evals.servers import LlamaCppServerSpec, VllmServerSpec
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
+from qa.files.portable import portable_dir
 from qa.report.gather import ReportInputs, gated_estimate
 from qa.textfmt import pts
 
@@ -141,15 +141,6 @@ def provenance(inp: ReportInputs) -> list[tuple[str, str]]:
     if inp.env:
         out += flat_env(inp.env)
     return out
-
-
-def portable_dir(run_dir: Path) -> str:
-    """The run folder as a committed report may name it: relative to the working directory when inside it,
-    else its own name (no path of this machine: qa.files.portable)."""
-    try:
-        return str(run_dir.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return run_dir.name
 
 
 def spec_redacted(spec: str) -> str:

@@ -117,11 +117,12 @@ def _check_profile_fits(spec: KVQuantSpec, shape: ModelKVShape, model_type: str)
         )
 
 
-def _scale_for(
+def scale_for(
     spec: KVQuantSpec, scales: KVScales | None, fmt: KVFormat, layer: int, kind: KVKind, shared: bool = False
 ) -> torch.Tensor | None:
     """Static or constant decode scale of one stream (before any fault hook), None when dynamic; `shared`
-    (MLA): one static scale for K and V, from the larger of their calibrated amax."""
+    (MLA): one static scale for K and V, from the larger of their calibrated amax. The hf cache and the vLLM
+    plugin (evals.engines.vllm_kv.emulate) both take their scales from here."""
     if spec.scales == "constant":
         return torch.tensor(float(spec.constant_scale), dtype=torch.float32)  # type: ignore[arg-type]
     if spec.scales == "static":
@@ -132,10 +133,9 @@ def _scale_for(
     return None
 
 
-def _checked_scales(spec: KVQuantSpec, scales: KVScales | None, num_layers: int,
-                    num_kv_heads: int) -> KVScales | None:
-    """The static scales the spec asks for (loaded from `spec.scales_file` unless given), checked
-    against the model; QuantError when they are missing, do not fit, or are given for other scales."""
+def spec_scales(spec: KVQuantSpec, scales: KVScales | None = None) -> KVScales | None:
+    """The static scales the spec asks for (loaded from `spec.scales_file` unless given; None unless scales =
+    'static'); QuantError when they are missing or given for other scales."""
     if spec.scales != "static":
         if scales is not None:
             raise QuantError(
@@ -148,6 +148,13 @@ def _checked_scales(spec: KVQuantSpec, scales: KVScales | None, num_layers: int,
             raise QuantError(
                 "scales = 'static' needs calibrated scales: set scales_file (made by `qa calibrate`)"
             )
+    return scales
+
+
+def check_scales_fit(scales: KVScales | None, num_layers: int, num_kv_heads: int) -> None:
+    """QuantError when static scales do not cover the model's layers (or its KV heads, per-head scales)."""
+    if scales is None:
+        return
     if scales.num_layers != num_layers:
         raise QuantError(
             f"the scales file covers {scales.num_layers} layers, the model has {num_layers}; "
@@ -155,21 +162,27 @@ def _checked_scales(spec: KVQuantSpec, scales: KVScales | None, num_layers: int,
         )
     if scales.meta.granularity == "head" and scales.meta.num_kv_heads != num_kv_heads:
         raise QuantError(
-            f"the scales file has {scales.meta.num_kv_heads} KV heads per layer, the model has {num_kv_heads}"
+            f"the scales file has {scales.meta.num_kv_heads} KV heads per layer, the model has {num_kv_heads} "
+            "(under tensor parallelism, per rank: use per-tensor scales)"
         )
-    return scales
 
 
-def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = None) -> QuantizedKVCache:
-    """A fresh emulated KV cache for a model config; static scales from `scales` or `spec.scales_file`."""
-    shape = model_kv_shape(model_config, recurrent_ok=True)
-    num_layers = len(shape.layer_types)
+def check_named_layers(spec: KVQuantSpec, num_layers: int) -> None:
+    """QuantError when skip_layers / layer_formats name a layer the model does not have."""
     named = sorted({*spec.skip_layers, *spec.layer_formats})
     if named and named[-1] >= num_layers:
         raise QuantError(
             f"kv cache spec names layer {named[-1]}, but the model has {num_layers} layers "
             f"(0..{num_layers - 1})"
         )
+
+
+def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = None) -> QuantizedKVCache:
+    """A fresh emulated KV cache for a model config; static scales from `scales` or `spec.scales_file`."""
+    shape = model_kv_shape(model_config, recurrent_ok=True)
+    num_layers = len(shape.layer_types)
+    check_named_layers(spec, num_layers)
+    named = sorted({*spec.skip_layers, *spec.layer_formats})
     recurrent = [i for i in named if shape.layer_types[i] in RECURRENT_LAYER_TYPES]
     if recurrent:
         raise QuantError(
@@ -178,7 +191,8 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
         )
     model_type = str(model_config.get_text_config(decoder=True).model_type)
     _check_profile_fits(spec, shape, model_type)
-    scales = _checked_scales(spec, scales, num_layers, shape.num_kv_heads)
+    scales = spec_scales(spec, scales)
+    check_scales_fit(scales, num_layers, shape.num_kv_heads)
     recent_fmt = profile_format(None, spec.recent_format) if spec.recent_window else None
     if recent_fmt is not None:
         _check_format_fits(recent_fmt, shape, "recent_format")
@@ -199,9 +213,9 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
                 fmt=fmt,
                 recent_fmt=layer_recent,
                 window=0 if layer_recent is None else spec.recent_window,
-                static_scale=_scale_for(spec, scales, fmt, i, kind, shape.mla),
+                static_scale=scale_for(spec, scales, fmt, i, kind, shape.mla),
                 recent_static_scale=(
-                    _scale_for(spec, scales, layer_recent, i, kind, shape.mla) if layer_recent else None
+                    scale_for(spec, scales, layer_recent, i, kind, shape.mla) if layer_recent else None
                 ),
                 dynamic=spec.scales == "dynamic",
                 faults=fault_hooks(spec, i, kind, fmt.name, layer_recent.name if layer_recent else None),

@@ -20,8 +20,9 @@ import torch
 
 from quant.errors import QuantError
 from quant.formats import KVFormat, get_format, quantize_dequantize
+from quant.kv.cache import scale_for, spec_scales
 from quant.kv_spec import KVKind, KVQuantSpec
-from quant.scales import KVScales, load_spec_scales
+from quant.scales import KVScales
 
 
 @dataclass(frozen=True)
@@ -60,53 +61,25 @@ class LayerPlan:
 
 def load_scales(spec: KVQuantSpec) -> KVScales | None:
     """The static scales the spec names (None unless scales = 'static'); QuantError when unreadable."""
-    if spec.scales != "static":
-        return None
-    if spec.scales_file is None:
-        raise QuantError("scales = 'static' needs calibrated scales: set scales_file (made by `qa calibrate`)")
-    return load_spec_scales(spec)  # the hf cache's reading: a file pair, or a folder read for the spec's format
-
-
-def _static(scales: KVScales, fmt: KVFormat, layer: int, kind: KVKind, shared: bool) -> torch.Tensor:
-    """Decode scale of one stream from calibrated amax (`shared`: the larger of K's and V's), () or [H, 1]."""
-    amax = scales.amax(layer, kind)
-    if shared:
-        amax = torch.maximum(scales.amax(layer, "k"), scales.amax(layer, "v"))
-    d = fmt.decode_scale_from_amax(amax)
-    return d.reshape(-1, 1) if d.dim() else d  # [1, H, 1, 1] -> [H, 1] for vLLM's [T, H, D]
+    return spec_scales(spec)
 
 
 def layer_plan(spec: KVQuantSpec, scales: KVScales | None, layer: int, *, mla: bool = False) -> LayerPlan:
-    """The rewrite of attention layer `layer` (an MLA layer's K and V share one static scale)."""
+    """The rewrite of attention layer `layer`: its decode scales as the hf cache takes them (quant.kv.cache.
+    scale_for; an MLA layer's K and V share one static scale), shaped [H, 1] for vLLM's [T, H, D] when per head."""
     fmt = get_format(spec.layer_format(layer))
     if not fmt.needs_tensor_scale:
         return LayerPlan(layer, fmt, None, None)
-    if spec.scales == "constant":
-        d = torch.tensor(float(spec.constant_scale), dtype=torch.float32)  # type: ignore[arg-type]
-        return LayerPlan(layer, fmt, d, d)
-    if scales is None:  # spec.refusal keeps per-sequence dynamic scales of these formats out
+    if spec.scales == "static" and scales is None or spec.scales == "dynamic":
+        # spec.refusal keeps per-sequence dynamic scales of these formats out
         raise QuantError(f"layer {layer}: {fmt.name} needs static or constant decode scales in vLLM")
-    return LayerPlan(layer, fmt, _static(scales, fmt, layer, "k", mla), _static(scales, fmt, layer, "v", mla))
+    k, v = (scale_for(spec, scales, fmt, layer, kind, mla) for kind in ("k", "v"))
+    return LayerPlan(layer, fmt, _per_head(k), _per_head(v))
 
 
-def check_scales_fit(scales: KVScales | None, num_layers: int, num_kv_heads: int) -> None:
-    """QuantError when static scales do not cover the model's layers (or its KV heads, per-head scales)."""
-    if scales is None:
-        return
-    if scales.num_layers != num_layers:
-        raise QuantError(f"the scales file covers {scales.num_layers} layers, the model has {num_layers}; "
-                         "calibrate scales for this model")
-    if scales.meta.granularity == "head" and scales.meta.num_kv_heads != num_kv_heads:
-        raise QuantError(f"the scales file has {scales.meta.num_kv_heads} KV heads per layer, the model has "
-                         f"{num_kv_heads} (per rank under tensor parallelism: use per-tensor scales)")
-
-
-def check_spec_layers(spec: KVQuantSpec, num_layers: int) -> None:
-    """QuantError when skip_layers / layer_formats name a layer the model does not have."""
-    named = sorted({*spec.skip_layers, *spec.layer_formats})
-    if named and named[-1] >= num_layers:
-        raise QuantError(f"kv cache spec names layer {named[-1]}, but the model has {num_layers} attention "
-                         f"layers (0..{num_layers - 1})")
+def _per_head(d: torch.Tensor | None) -> torch.Tensor | None:
+    """A decode scale as vLLM's [T, H, D] broadcasts it: () stays, [1, H, 1, 1] becomes [H, 1]."""
+    return d.reshape(-1, 1) if d is not None and d.dim() else d
 
 
 def rewrite(plan: LayerPlan, x: torch.Tensor, kind: KVKind) -> torch.Tensor:

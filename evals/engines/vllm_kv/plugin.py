@@ -130,12 +130,8 @@ def install(model: Any, model_config: Any, target_device: Any) -> PluginRecord |
     import vllm  # vllm: as above
     from vllm.model_executor.models.utils import extract_layer_index  # vllm: as above
 
-    from evals.engines.vllm_kv.emulate import (  # torch: the rewrite is torch code
-        check_scales_fit,
-        check_spec_layers,
-        layer_plan,
-        load_scales,
-    )
+    from evals.engines.vllm_kv.emulate import layer_plan, load_scales  # torch: the rewrite is torch code
+    from quant.kv.cache import check_named_layers, check_scales_fit  # torch: the hf cache's own checks
 
     spec = spec_from_env(os.environ)
     if spec is None:
@@ -145,7 +141,7 @@ def install(model: Any, model_config: Any, target_device: Any) -> PluginRecord |
         raise KVPluginRefusal("qa_kv plugin: the model has no attention layer vLLM's Attention or MLAAttention runs; "
                               "nothing would be emulated, so it is refused")
     layers = model_config.hf_text_config.num_hidden_layers
-    check_spec_layers(spec, layers)
+    check_named_layers(spec, layers)
     scales = load_scales(spec)
     rewritten = []
     for name, module in [*mha, *mla]:

@@ -6,31 +6,16 @@ load, else the arm is refused rather than run wholly or partly unemulated (recor
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from evals.engines.vllm_kv.plugin import register
 from evals.engines.vllm_kv.record import PluginRecord, checked_record, expected_loads, read_records
 from evals.engines.vllm_kv.spec import PLUGIN_ENV, plugin_env
+from evals.offline import scoped_env
 from quant.kv_spec import KVQuantSpec
-
-
-@contextmanager
-def scoped_env(env: Mapping[str, str]) -> Iterator[None]:
-    """Set `env` in this process for the duration of the block, then restore what was there."""
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @contextmanager
@@ -42,16 +27,10 @@ def plugin_on(spec: KVQuantSpec) -> Iterator[Path]:
         yield Path(tmp)
 
 
-@contextmanager
-def plugin_off() -> Iterator[None]:
-    """Within the block `QA_VLLM_KV` is unset: an arm without a kv table runs unemulated, and unchecked by
-    nothing, even when the environment `qa run` started in sets it (restored after the block)."""
-    saved = os.environ.pop(PLUGIN_ENV, None)
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.environ[PLUGIN_ENV] = saved
+def plugin_off() -> AbstractContextManager[None]:
+    """Within the block `QA_VLLM_KV` is unset: an arm without a kv table runs unemulated even when the
+    environment `qa run` started in sets it (restored after the block)."""
+    return scoped_env({PLUGIN_ENV: None})
 
 
 def loaded_record(folder: Path, flags: Mapping[str, object] | None = None) -> PluginRecord:

@@ -7,10 +7,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from evals.engines.vllm_kv.emulate import check_scales_fit, check_spec_layers, layer_plan, rewrite
+from evals.engines.vllm_kv.emulate import layer_plan, rewrite
 from quant.errors import QuantError
 from quant.formats import get_format
-from quant.kv.cache import make_cache
+from quant.kv.cache import check_named_layers, check_scales_fit, make_cache
 from quant.kv_spec import KVQuantSpec
 from quant.scales import CalibrationData, KVScales, ScalesMeta
 
@@ -86,7 +86,7 @@ def test_scales_and_layer_names_that_do_not_fit_the_model_are_refused():
     with pytest.raises(QuantError, match="2 KV heads per layer, the model has 1"):
         check_scales_fit(_scales("head"), LAYERS, 1)
     with pytest.raises(QuantError, match="names layer 5, but the model has 3"):
-        check_spec_layers(KVQuantSpec(format="int8", skip_layers=(5,)), LAYERS)
+        check_named_layers(KVQuantSpec(format="int8", skip_layers=(5,)), LAYERS)
     with pytest.raises(QuantError, match="static or constant"):
         layer_plan(KVQuantSpec(format="nvfp4"), None, 0)
 

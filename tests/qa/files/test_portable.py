@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qa.files.portable import machine_paths, portable_text
+from qa.files.portable import machine_paths, portable_dir, portable_text
 
 REPO = Path(__file__).resolve().parents[3]
 COMMITTED = ("reports", "examples", "docs", "README.md")
@@ -24,6 +24,14 @@ def test_the_repository_home_and_temporary_folders_are_rewritten() -> None:
 def test_machine_paths_finds_roots_of_one_machine_and_leaves_the_rest() -> None:
     text = "/work/runs/out_a and /root/.cache/x, /home/ann/m and /tmp/t1 but not https://a.b/work/x or ~/x or a/tmp/b"
     assert machine_paths(text) == ["/work/runs/out_a", "/root/.cache/x", "/home/ann/m", "/tmp/t1"]
+
+
+def test_a_run_folder_is_named_relative_to_the_working_directory_or_by_its_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "reports" / "runs" / "r1").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert portable_dir(tmp_path / "reports" / "runs" / "r1") == "reports/runs/r1"
+    assert portable_dir(Path("/elsewhere/out/r2")) == "r2"
 
 
 def _committed_text_files() -> list[Path]:
