@@ -36,12 +36,12 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     return torch.compile(fn, fullgraph=True)
 
 
-def rows(t: torch.Tensor) -> torch.Tensor:
-    """t [R, ...] as a compiled function's input with a dynamic row count."""
+def rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """t [R, ...] as a compiled function's input with a dynamic row count (the size of `dim`)."""
     # detach: a reshaped view would make dynamo guard on the sizes of its base tensor (one recompile
     # per new base shape); the row count is a hint, so 0/1-row calls may still specialize
     t = t.detach()
-    torch._dynamo.maybe_mark_dynamic(t, 0)
+    torch._dynamo.maybe_mark_dynamic(t, dim)
     return t
 
 

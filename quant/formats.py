@@ -10,6 +10,7 @@ dynamic mode uses gs = fl32(2688 * fl32(1/amax)) directly; the two can differ in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,11 @@ MXFP4_BITS = 4 + 8 / mxfp4.BLOCK_SIZE  # 4.25: E2M1 + one E8M0 byte per 32 eleme
 # NVFP4's decode scale range: keeps gs = 1/d within [nvfp4.MIN_GLOBAL_SCALE, nvfp4.MAX_GLOBAL_SCALE]
 NVFP4_MIN_DECODE_SCALE = 1.0 / nvfp4.MAX_GLOBAL_SCALE
 NVFP4_MAX_DECODE_SCALE = 1.0 / nvfp4.MIN_GLOBAL_SCALE
+
+
+# (x, dtype, token_dim) -> the values of quantize -> dequantize of x at a scale fixed beforehand, from one
+# compiled loop; None when that path failed (the caller takes quantize_dequantize)
+ValuesFn = Callable[[torch.Tensor, torch.dtype, int], "torch.Tensor | None"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,14 @@ class NVFP4Format:
         t, values = both
         return QuantizedTensor(self.name, tuple(x.shape), {"packed": t.packed, "scales": t.scales}, d), values
 
+    def compiled_values(self, scale: torch.Tensor) -> ValuesFn | None:
+        """The values-only rewrite at decode scale `scale` (broadcast over x[..., :1]), the scale checked
+        once here: `nvfp4_fused.values`, the same values as `quantize_dequantize`; None for 4over6."""
+        if self.four_over_six:
+            return None
+        gs = nvfp4.global_scale_from_decode_scale(scale).to(scale.device)
+        return lambda x, dtype, token_dim: nvfp4_fused.values(x, gs, dtype, token_dim)
+
     def decode_scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
         """d = amax / 2688 (448 * 6), clamped to [2**-64, 2**114]; 1.0 where amax == 0."""
         amax = amax.to(torch.float32)
@@ -213,6 +227,14 @@ class FP8Format:
         d = _decode_scale(x, scale, self)
         both = fp8_fused.roundtrip(x, d, self.kind, dtype)
         return None if both is None else (QuantizedTensor(self.name, tuple(x.shape), {"values": both[0]}, d), both[1])
+
+    def compiled_values(self, scale: torch.Tensor) -> ValuesFn | None:
+        """The values-only rewrite at decode scale `scale` (broadcast over x[..., :1]), the scale checked
+        once here: `fp8_fused.values`, the same values as `quantize_dequantize`; None for the truncating write."""
+        if self.rounding != "nearest":
+            return None
+        d = fp8_fused.checked_scale(scale, scale.device)
+        return lambda x, dtype, token_dim: fp8_fused.values(x, d, self.kind, dtype, token_dim)
 
     def dequantize(self, q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """float(q) * d."""

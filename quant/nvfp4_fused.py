@@ -7,6 +7,9 @@ double literals, and a double product of two fp32 numbers rounded to fp32 is the
 when the literal is itself an fp32 value. The first call per dtype compiles (tens of seconds on a
 small CPU; cached on disk by inductor), so this path is opt-in: `get_format(name, fused=True)`.
 
+`values` gives only the dequantized values, for callers that never read the bytes (the vLLM plugin's K/V
+rewrite); it takes an encode scale checked once by the caller and any leading shape.
+
 `roundtrip` is the one the emulated KV cache uses on CPU: the stored bytes and the dequantized values of
 x from one compiled loop (codes never read back), 4-7x faster than eager `quantize` + `dequantize` on
 KV-cache writes (`benchmarks/quant_speed.py`). `quant.compiled.enabled` decides whether it runs (CPU
@@ -84,6 +87,22 @@ def _roundtrip_impl(
     return codes, s.view(torch.uint8), values, torch.isfinite(amax).all()
 
 
+def _values_impl(x: torch.Tensor, gs: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] float, gs float32 broadcastable to [..., 1] -> (`_roundtrip_impl`'s dequantized values in
+    out_dtype, all-finite flag), with no codes or scale bytes written."""
+    blocks = x.unflatten(-1, (-1, nvfp4.BLOCK_SIZE)).to(torch.float32)  # [..., K/16, 16]
+    amax = blocks.abs().amax(dim=-1)  # [..., K/16]
+    s32 = (gs * (amax * INV_6_F32)).clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
+    inv_gs = 1.0 / gs  # [..., 1]
+    out = torch.where(s32 != 0, 1.0 / (s32 * inv_gs), 0.0).unsqueeze(-1)  # [..., K/16, 1]
+    y = blocks * out
+    m = _e2m1_magnitude(y.abs()).to(torch.float32)
+    value = torch.where(m < 4, m * 0.5, torch.where(m < 6, m - 2.0, m * 2.0 - 8.0))
+    value = torch.where(y < 0, -value, value)
+    values = ((value * s32.unsqueeze(-1)) * inv_gs.unsqueeze(-1)).flatten(-2).to(out_dtype)
+    return values, torch.isfinite(amax).all()
+
+
 def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
     """packed uint8 [R, K/2], scale bytes [R, K/16], gs float32 [R, 1] -> float32 [R, K]."""
     nibbles = torch.stack((packed & 0x0F, packed >> 4), dim=-1)  # [R, K/2, 2]: low nibble first
@@ -148,3 +167,18 @@ def roundtrip(
         global_scale=gs,
     )
     return t, values.reshape(x.shape)
+
+
+def values(x: torch.Tensor, gs: torch.Tensor, dtype: torch.dtype, token_dim: int = 0) -> torch.Tensor | None:
+    """The values of `nvfp4.dequantize(nvfp4.quantize(x, global_scale=gs), dtype)` from one compiled loop,
+    without the bytes: x [..., K] float with K % 16 == 0; gs a float32 encode scale already checked
+    (`nvfp4.global_scale_from_decode_scale`) that broadcasts to x[..., :1]; dim `token_dim` of x may vary
+    between calls. None when the compiled path failed (logged once). QuantError on NaN/Inf input."""
+    nvfp4.check_input(x)
+    out = compiled.call(_values_impl, "NVFP4", compiled.rows(x, token_dim), gs, dtype)
+    if out is None:
+        return None
+    result, finite = out
+    if not bool(finite):
+        raise QuantError(nvfp4.NON_FINITE_MESSAGE)
+    return result

@@ -166,7 +166,7 @@ def install(model: Any, model_config: Any, target_device: Any) -> PluginRecord |
 
 def wrap_attention(layer: Any, plan: Any) -> None:
     """Install the K/V rewrite on one `Attention` layer's backend instance (module docstring)."""
-    from evals.engines.vllm_kv.emulate import rewrite  # torch: the rewrite is torch code
+    from evals.engines.vllm_kv.emulate import rewrite_pair  # torch: the rewrite is torch code
 
     impl = layer.impl
     if not callable(getattr(impl, "do_kv_cache_update", None)) and not layer.attn_backend.forward_includes_kv_cache_update:
@@ -177,7 +177,7 @@ def wrap_attention(layer: Any, plan: Any) -> None:
 
         def forward_rewritten(attn: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
             if key is not None and value is not None:
-                key, value = rewrite(plan, key, "k"), rewrite(plan, value, "v")
+                key, value = rewrite_pair(plan, key, value)
             return forward(attn, query, key, value, *args, **kwargs)
 
         impl.forward = forward_rewritten
@@ -185,7 +185,7 @@ def wrap_attention(layer: Any, plan: Any) -> None:
     update = impl.do_kv_cache_update
 
     def update_rewritten(attn: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        return update(attn, rewrite(plan, key, "k"), rewrite(plan, value, "v"), *args, **kwargs)
+        return update(attn, *rewrite_pair(plan, key, value), *args, **kwargs)
 
     impl.do_kv_cache_update = update_rewritten
 

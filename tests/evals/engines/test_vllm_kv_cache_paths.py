@@ -43,18 +43,18 @@ def served() -> Iterator[tuple[Any, dict[str, list[Any]]]]:
     except Exception as exc:  # noqa: BLE001 - no model here means nothing to test against
         pytest.skip(f"smollm2-135m is not available: {exc}")
     seen: dict[str, list[Any]] = {"rewrite": [], "write": []}
-    real_rewrite, real_write = emulate.rewrite, ops.cpu_attn_reshape_and_cache
+    real_pair, real_write = emulate.rewrite_pair, ops.cpu_attn_reshape_and_cache
 
-    def rewrite(plan: Any, x: torch.Tensor, kind: str) -> torch.Tensor:
-        seen["rewrite"].append((x.clone(), kind))
-        return real_rewrite(plan, x, kind)
+    def rewrite_pair(plan: Any, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        seen["rewrite"] += [(key.clone(), "k"), (value.clone(), "v")]
+        return real_pair(plan, key, value)
 
     def write(key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         seen["write"].append((key.clone(), value.clone()))
         return real_write(key, value, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(emulate, "rewrite", rewrite)  # before the engine: the plugin installs it at model load
+        patch.setattr(emulate, "rewrite_pair", rewrite_pair)  # before the engine: the plugin installs it at model load
         patch.setattr(ops, "cpu_attn_reshape_and_cache", write)
         engine = build_engine("vllm", model, ARGS)  # the arm's path: plugin switch, records checked
         try:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from evals.engines.vllm_kv.emulate import layer_plan, rewrite
+from evals.engines.vllm_kv.emulate import layer_plan, rewrite, rewrite_pair
 from quant.errors import QuantError
 from quant.formats import get_format
 from quant.kv.cache import check_named_layers, check_scales_fit, make_cache
@@ -60,6 +60,9 @@ def test_rewrite_equals_the_hf_emulated_cache_bit_for_bit(given, granularity):
         plan = layer_plan(spec, scales, layer)
         ours_k = rewrite(plan, k[0].transpose(0, 1).contiguous(), "k")  # vLLM: [T, H, D]
         ours_v = rewrite(plan, v[0].transpose(0, 1).contiguous(), "v")
+        for t in (TOKENS, 1):  # K and V in one call (prefill, then a decode step's single token)
+            pair_k, pair_v = rewrite_pair(plan, k[0, :, -t:].transpose(0, 1), v[0, :, -t:].transpose(0, 1))
+            assert torch.equal(pair_k, ours_k[-t:]) and torch.equal(pair_v, ours_v[-t:])
         assert ours_k.dtype == torch.bfloat16
         assert torch.equal(ours_k, hf_k[0].transpose(0, 1))
         assert torch.equal(ours_v, hf_v[0].transpose(0, 1))
@@ -104,3 +107,18 @@ def test_scales_move_to_the_layers_device_once_not_per_call():
     assert plan.scale("v", torch.device("cpu")) is plan.v_scale
     x = torch.randn(TOKENS, HEADS, HEAD_DIM)
     assert torch.equal(rewrite(plan.to(torch.device("cpu")), x, "k"), rewrite(plan, x, "k"))
+
+
+def test_formats_with_a_values_only_loop_rewrite_k_and_v_in_one_call(monkeypatch):
+    calls = []
+    plan = layer_plan(KVQuantSpec(format="nvfp4", scales="static"), _scales("head"), 1)
+    fast = plan._fast["pair"]
+    monkeypatch.setitem(plan._fast, "pair", lambda x, dtype, dim: calls.append(x.shape) or fast(x, dtype, dim))
+    k, v = torch.randn(1, HEADS, HEAD_DIM), torch.randn(1, HEADS, HEAD_DIM)
+    rewrite_pair(plan, k, v)
+    assert calls == [torch.Size([2, 1, HEADS, HEAD_DIM])]  # one call on K and V stacked
+    for given in ({"format": "fp8_e4m3", "scales": "constant", "constant_scale": 0.01}, {"format": "nvfp4",
+                                                                                         "scales": "static"}):
+        assert set(layer_plan(KVQuantSpec.model_validate(given), _scales("tensor"), 0)._fast) == {"k", "v", "pair"}
+    for given in ({"format": "mxfp4"}, {"format": "nvfp4_4over6", "scales": "constant", "constant_scale": 0.002}):
+        assert layer_plan(KVQuantSpec.model_validate(given), None, 0)._fast == {}  # quantize_dequantize

@@ -79,17 +79,17 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[Any]]]:
     from vllm import _custom_ops as ops  # vllm: heavy, imported only where a test reaches into it
 
     seen: dict[str, list[Any]] = {"rewrite": [], "write": []}
-    real_rewrite, real_write = emulate.rewrite, ops.cpu_attn_reshape_and_cache
+    real_pair, real_write = emulate.rewrite_pair, ops.cpu_attn_reshape_and_cache
 
-    def rewrite(plan: Any, x: torch.Tensor, kind: str) -> torch.Tensor:
-        seen["rewrite"].append((x.clone(), kind, plan))
-        return real_rewrite(plan, x, kind)
+    def rewrite_pair(plan: Any, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        seen["rewrite"] += [(key.clone(), "k", plan), (value.clone(), "v", plan)]
+        return real_pair(plan, key, value)
 
     def write(key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         seen["write"].append((key.clone(), value.clone()))
         return real_write(key, value, *args, **kwargs)
 
-    monkeypatch.setattr(emulate, "rewrite", rewrite)
+    monkeypatch.setattr(emulate, "rewrite_pair", rewrite_pair)
     monkeypatch.setattr(ops, "cpu_attn_reshape_and_cache", write)
     yield seen
 
