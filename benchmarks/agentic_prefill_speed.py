@@ -42,7 +42,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "nvfp4": {"kv": {"format": "nvfp4", "scales": "dynamic", "recent_window": 128, "recent_format": "fp8_e4m3"}},
 }
 TARGET_AT_8K = 1.15  # the issue's bound on nvfp4 / plain prefill time at 8K tokens
-BLOCK = 64  # the prefix cache's default block (quant.kv_spec.PrefixCacheSpec)
+BLOCK = 64  # the prefix cache's default block (quant.kv.spec.PrefixCacheSpec)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -125,7 +125,7 @@ def hf_rows(model: Any, lengths: list[int], paths: list[str], repeats: int, data
 _VLLM_SNIPPET = """
 import json, sys, time
 from vllm import LLM, SamplingParams
-from evals.engines.vllm_args import VllmEngineArgs, engine_kwargs
+from evals.engines.vllm.args import VllmEngineArgs, engine_kwargs
 prompts, repeats = json.load(sys.stdin), int(sys.argv[4])
 kw = engine_kwargs(sys.argv[1], VllmEngineArgs(), on_cpu=True)
 kw.update(enable_prefix_caching=False, max_model_len=int(sys.argv[3]))

@@ -48,7 +48,7 @@ from evals.engines.hf import build
 from evals.engines.hf.args import parse_args
 from evals.engines.hf.engine import HFEngine
 from evals.models import ResolvedModel, resolve_model
-from evals.sampling import select_items
+from evals.run.selection import select_items
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
 
@@ -268,7 +268,7 @@ def throughput(engine: HFEngine, args: argparse.Namespace, rows: list[Row]) -> N
 _VLLM_SNIPPET = """
 import json, sys, time
 from vllm import LLM, SamplingParams
-from evals.engines.vllm_args import VllmEngineArgs, engine_kwargs
+from evals.engines.vllm.args import VllmEngineArgs, engine_kwargs
 prompts, m = json.load(sys.stdin), int(sys.argv[2])
 llm = LLM(model=sys.argv[1], dtype="float32", **engine_kwargs(sys.argv[1], VllmEngineArgs(), on_cpu=True))
 params = SamplingParams(max_tokens=m, temperature=0.0)

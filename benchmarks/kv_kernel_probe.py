@@ -44,7 +44,7 @@ def worker(job: Path, result: Path) -> None:
     with torch.no_grad():
         model(torch.tensor([spec["tokens"]]))
 
-    from quant.kv_profiles import AMX_FLUSH_BELOW, amx_fp8_attention, profile_format
+    from quant.kv.profiles import AMX_FLUSH_BELOW, amx_fp8_attention, profile_format
 
     one = torch.ones((), dtype=torch.float32)
 

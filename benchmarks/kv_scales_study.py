@@ -4,7 +4,7 @@ Scale choices: dynamic (per-sequence amax of the prefill), static scales calibra
 with the mse observer (GSM8K train text, so calibration and evaluation text differ), and the constant
 decode scale 1.0 (vLLM's uncalibrated default). Perplexity is teacher-forced on non-overlapping
 512-token windows of the WikiText-2 test text, every position reading the quantized cache
-(prefill_reads_quantized); SQNR and attention error come from `quant.inspect` on WikiText-2 prompts.
+(prefill_reads_quantized); SQNR and attention error come from `quant.kv.inspect` on WikiText-2 prompts.
 
     python benchmarks/kv_scales_study.py [--cal-samples 16] [--ppl-windows 32] [--out reports/kv]
 
@@ -85,10 +85,10 @@ def main() -> None:
     from evals.models import load_model, resolve_model
     from qa.pipeline.calibration import load_prompts
     from qa.report.plots import write_kv_plot
-    from quant.calibrate import CalibrationSpec, calibrate
-    from quant.inspect import inspect_kv, save_inspect
-    from quant.kv_spec import KVQuantSpec
-    from quant.scales import KVScales
+    from quant.scales.calibrate import CalibrationSpec, calibrate
+    from quant.kv.inspect import inspect_kv, save_inspect
+    from quant.kv.spec import KVQuantSpec
+    from quant.scales.files import KVScales
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cal-samples", type=int, default=16)

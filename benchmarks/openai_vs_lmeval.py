@@ -31,7 +31,7 @@ from evals.data import resolve_data_dir
 from evals.engines import build_engine
 from evals.engines.base import GenerateRequest, GenerateResult
 from evals.models import resolve_model
-from evals.sampling import select_items
+from evals.run.selection import select_items
 from evals.servers import VllmServerSpec, start_server
 from evals.tasks import get_task
 from evals.tasks.base import TaskOptions

@@ -29,7 +29,7 @@ from typing import Any
 from evals.engines import build_engine
 from evals.engines.base import GenerateRequest, GenerateResult, TokenLogprobsRequest
 from evals.models import resolve_model
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 
 SPECS: dict[str, dict[str, Any]] = {
     "none": {"format": "none"},

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from quant.formats import FORMAT_NAMES, get_format, quantize_dequantize
+from quant.formats.registry import FORMAT_NAMES, get_format, quantize_dequantize
 
 COPY = "copy bf16->fp32 (floor)"
 ROUND_TRIP = "nvfp4 KV round trip"

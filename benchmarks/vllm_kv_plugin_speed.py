@@ -29,12 +29,12 @@ from typing import Any
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # both engines in this process, one core pool
 os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # 16K > SmolLM2's 8192 positions: timing only
 
-from evals.engines.vllm_kv.switch import (  # after the env above: vLLM reads it at import
+from evals.engines.vllm.kv.switch import (  # after the env above: vLLM reads it at import
     loaded_record,
     plugin_on,
 )
 from evals.models import resolve_model
-from quant.kv_spec import kv_spec_from_dict
+from quant.kv.spec import kv_spec_from_dict
 
 TARGET = 1.10  # the issue's bound on emulated / plain time, every row
 DECODE_PROMPT = 256  # tokens before a decode run

@@ -30,12 +30,12 @@ from typing import Literal, Self
 import httpx
 from pydantic import JsonValue
 
-from evals.engines.vllm_args import RESERVED_SERVER_ARGS, VllmFlag, cli_flags
-from evals.engines.vllm_kv.spec import PLUGIN_ENV, check_vllm_kv, plugin_env
-from evals.engines.vllm_offline import INSTALL_HINT
+from evals.engines.vllm.args import RESERVED_SERVER_ARGS, VllmFlag, cli_flags
+from evals.engines.vllm.kv.spec import PLUGIN_ENV, check_vllm_kv, plugin_env
+from evals.engines.vllm.offline import INSTALL_HINT
 from evals.errors import EngineError
 from evals.offline import offline_env
-from quant.kv_spec import kv_spec_from_dict
+from quant.kv.spec import kv_spec_from_dict
 from quant.validation import did_you_mean
 
 HOST = "127.0.0.1"  # local servers never listen beyond loopback
@@ -64,7 +64,7 @@ REPO_VLLM_PYTHON = Path(__file__).resolve().parent.parent / ".venv-vllm" / "bin"
 @dataclass(frozen=True)
 class VllmServerSpec:
     """vLLM's OpenAI api_server for one model folder; `args` become flags exactly as vLLM's CLI takes
-    them (evals.engines.vllm_args.cli_flags) and nothing else is added: on vLLM-CPU set
+    them (evals.engines.vllm.args.cli_flags) and nothing else is added: on vLLM-CPU set
     kv_cache_memory_bytes, else it reserves 92% of RAM for the KV cache. `env` is set for the server, and
     `kv` switches the qa_kv plugin on in it (`kv_plugin_env`: its variables win over `env`; an `env` that
     sets QA_VLLM_KV is refused, and without a `kv` table an inherited QA_VLLM_KV is dropped)."""
@@ -215,7 +215,7 @@ VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 def vllm_server_command(spec: VllmServerSpec, port: int) -> list[str]:
     """The api_server command line for `spec` on 127.0.0.1:`port`: what starts the server and what the
-    dry run prints and evals.engines.vllm_check parses with vLLM's own parser."""
+    dry run prints and evals.engines.vllm.check parses with vLLM's own parser."""
     reserved = sorted(RESERVED_SERVER_ARGS & set(spec.args))
     if reserved:
         raise EngineError(f"server argument {reserved[0]}: set by `qa run` (the arm's model, 127.0.0.1, "

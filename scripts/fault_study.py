@@ -6,8 +6,8 @@ commit their comparison, verdict and reports (not the records) under reports/.
     python scripts/fault_study.py table   # rebuild TABLE.md / SUMMARY.md from reports/{faults,engines}/
 
 faults: every spec in examples/faults/ shares the model, seed, baseline arm and tasks (checked), and
-each fault spec's candidate is the reference NVFP4 KV cache plus one preset of quant/faults.py
-(checked against `quant.faults.fault_spec`); two controls: `aa` (the baseline again at another batch
+each fault spec's candidate is the reference NVFP4 KV cache plus one preset of quant/kv/faults.py
+(checked against `quant.kv.faults.fault_spec`); two controls: `aa` (the baseline again at another batch
 size: the gate must not fail it) and `reference` (the correct NVFP4 candidate). The baseline arm and
 the calibration run once, in the first run directory (or come from --seed-from, a run directory of
 the same baseline arm); every later run directory is seeded with them (scripts/study_runs.py).

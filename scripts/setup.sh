@@ -42,7 +42,7 @@ if [ ! -f "$stamp" ]; then
 fi
 
 if [ "$want_dev" = 1 ]; then
-  # llm-compressor writes the KV-scale folders tests/quant/test_llmcompressor_folders.py reads; the versions
+  # llm-compressor writes the KV-scale folders tests/quant/scales/test_llmcompressor_folders.py reads; the versions
   # pinned in pyproject.toml's `llmcompressor` extra, beside the CPU torch (no CUDA wheels)
   LC=.venv-llmc
   lstamp="$LC/.setup-$(stamp_of llmc | tr -d '\n' | sha256sum | cut -c1-16)"

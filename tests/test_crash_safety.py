@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.records import read_records
+from evals.records.samples import read_records
 from tests.shared_data import shared_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,8 +271,8 @@ def _killed_run(spec: Path, run: Path, logs: Path) -> list[str]:
 def test_resume_inside_a_chunk_reruns_the_whole_chunk_so_batches_match(tmp_path: Path) -> None:
     """A kill between two records of one chunk: the resumed call must batch exactly as the clean run."""
     from evals.engines.base import GenerateResult
-    from evals.runner import run_task
-    from tests.evals.test_runner import EchoTask, FakeEngine
+    from evals.run.runner import run_task
+    from tests.evals.run.test_runner import EchoTask, FakeEngine
 
     class BatchSensitive(FakeEngine):  # like float kernels: an answer depends on what shares its batch
         def generate(self, requests):  # type: ignore[no-untyped-def]
@@ -380,7 +380,7 @@ def test_twenty_kills_leave_records_identical_to_an_uninterrupted_run(tmp_path: 
     # Calibration is redone when a kill cut it short. Its float reductions are not guaranteed to be
     # bit-stable across processes (seen once here: the last bits of an amax differed while every record
     # above stayed byte-identical), so the scales must match to float32 rounding and come from the same data.
-    from quant.scales import KVScales
+    from quant.scales.files import KVScales
 
     cal = [KVScales.load(d / "calibration" / "kv_scales") for d in (clean, killed)]
     assert cal[0].meta.data == cal[1].meta.data
@@ -390,7 +390,7 @@ def test_twenty_kills_leave_records_identical_to_an_uninterrupted_run(tmp_path: 
     verdict = [json.loads((d / "verdict.json").read_text()) for d in (clean, killed)]
     assert verdict[0]["status"] == verdict[1]["status"]
     assert (killed / "report.html").read_text().rstrip().endswith("</html>")
-    from quant.inspect import load_inspect  # the emulated-cache candidate's per-layer KV numbers
+    from quant.kv.inspect import load_inspect  # the emulated-cache candidate's per-layer KV numbers
 
     inspected = [load_inspect(d / "kv_inspect.json") for d in (clean, killed)]
     assert inspected[0] == inspected[1]

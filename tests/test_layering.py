@@ -214,5 +214,5 @@ def test_the_checks_see_what_they_claim() -> None:
     """The walker finds imports inside functions, under TYPE_CHECKING, and the heavy loads of our modules."""
     inner = [i for m in MODULES for i in _imports(m) if i.in_function]
     assert inner, "no import inside a function was found at all: the walker is broken"
-    assert _loads_heavy("quant.nvfp4") == "torch"  # the reference quantizer is torch code
+    assert _loads_heavy("quant.formats.nvfp4") == "torch"  # the reference quantizer is torch code
     assert _loads_heavy("quant.validation") is None

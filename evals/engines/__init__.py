@@ -41,8 +41,8 @@ class EngineEntry:
 ENGINES: dict[EngineName, EngineEntry] = {
     "hf": EngineEntry("evals.engines.hf.args:HFEngineArgs", "evals.engines.hf.args:parse_args",
                       "evals.engines.hf:build"),
-    "vllm": EngineEntry("evals.engines.vllm_args:VllmEngineArgs", "evals.engines.vllm_args:parse_vllm_args",
-                        "evals.engines.vllm_offline:build"),
+    "vllm": EngineEntry("evals.engines.vllm.args:VllmEngineArgs", "evals.engines.vllm.args:parse_vllm_args",
+                        "evals.engines.vllm.offline:build"),
     "openai": EngineEntry("evals.engines.openai_api.args:OpenAIArgs",
                           "evals.engines.openai_api.args:parse_openai_args",
                           "evals.engines.openai_api.completions:build"),

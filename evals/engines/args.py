@@ -11,6 +11,6 @@ from typing import TypeAlias
 
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
-from evals.engines.vllm_args import VllmEngineArgs
+from evals.engines.vllm.args import VllmEngineArgs
 
 EngineArgs: TypeAlias = HFEngineArgs | VllmEngineArgs | OpenAIArgs

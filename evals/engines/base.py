@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
-from evals.chat import chat_template
+from evals.prompts.chat import chat_template
 from evals.errors import EvalError
 from evals.tasks.base import Task, TaskOptions, WithReference
 from quant.validation import did_you_mean

@@ -1,4 +1,4 @@
-"""`agentic`: long seeded multi-turn sessions with tool calls, served on cache paths (evals.session_runner).
+"""`agentic`: long seeded multi-turn sessions with tool calls, served on cache paths (evals.run.sessions).
 
 A session opens with a context: an instruction, the JSON docs of `functions` documented functions (BFCL's
 shape, a seeded subset of evals.tasks.tool_catalog, both text-reading functions always among them),

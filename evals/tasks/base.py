@@ -19,7 +19,7 @@ from evals.engines.base import (
     LoglikelihoodResult,
     TokenLogprobsRequest,
 )
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 
 TaskKind = Literal["generate", "loglikelihood", "token_logprobs"]
 Request = GenerateRequest | LoglikelihoodRequest | TokenLogprobsRequest
@@ -145,7 +145,7 @@ class WithThinkTags(Protocol):
 @runtime_checkable
 class ServedInSessions(Protocol):
     """A task served as sessions along cache paths (the sessions probe): its requests reach the engine in its
-    own order, one call per step, so evals.session_runner runs it, not the chunked runner."""
+    own order, one call per step, so evals.run.sessions runs it, not the chunked runner."""
 
     def session_context(self, item: Item) -> str:
         """The context the turns of the item's session share."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from evals.chat import ChatPrompt, ChatRenderer, ChatStyle, ChatTemplate, TemplateKwargs
+from evals.prompts.chat import ChatPrompt, ChatRenderer, ChatStyle, ChatTemplate, TemplateKwargs
 from evals.data import Row
 from evals.engines.base import GenerateRequest, LoglikelihoodRequest
 from evals.errors import EvalError

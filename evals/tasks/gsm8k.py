@@ -17,7 +17,7 @@ of gsm8k_cot_llama are Wei et al. 2022's (arXiv:2201.11903), as Meta's Llama 3 e
 
 Every filter is scored by exact match after lm-eval's normalisation (case, commas, "$", a trailing
 ".", everything up to "#### "). With `chat = true` the prompt is lm-eval's --apply_chat_template one
-(evals.chat), rendered with the model's template.
+(evals.prompts.chat), rendered with the model's template.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from lm_eval.filters.extraction import RegexFilter
 
 from evals import data
-from evals.chat import ChatRenderer, ChatTemplate
+from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import GenerateResult
 from evals.errors import EvalError

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from evals import data
-from evals.chat import ChatRenderer, ChatTemplate
+from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import GenerateResult
 from evals.errors import EvalError

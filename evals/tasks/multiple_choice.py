@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from evals import data
-from evals.chat import ChatRenderer, ChatTemplate
+from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.errors import EvalError

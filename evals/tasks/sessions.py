@@ -9,7 +9,7 @@ answer + turn k's question, so every prompt is fixed text (the same in every arm
 path) and each turn after the first extends its predecessor: a prefix-cache hit in an engine with
 prefix caching.
 
-Every turn is served on several cache paths (evals.session_runner): "cold" (the engine's prefix
+Every turn is served on several cache paths (evals.run.sessions): "cold" (the engine's prefix
 cache emptied before the turn), "warm" (right after its prefix was served) and `shuffles` passes
 "shuffled" (the cold prompts again in a seeded order and batches of `shuffle_batch`: the A/A floor of
 batch history). Item id "s{NNN}/t{K}/{path}" (the k-th shuffled pass: "shuffled{k}" for k >= 2),

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evals.chat import ChatTemplate
+from evals.prompts.chat import ChatTemplate
 from evals.data import Row
 from evals.tasks.base import TaskOptions
 from evals.tasks.common import resolve_fewshot, task_version

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evals import data
-from evals.chat import ChatRenderer, ChatTemplate
+from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions

@@ -1,7 +1,7 @@
 """`qa calibrate`: static KV scales, optionally exported (a thin shell over
 `qa.pipeline.calibration.calibrate_model`, which resolves the model and reads the text: wikitext2 test,
 gsm8k train, or a .txt / .jsonl file), written as a scales file pair, in another tool's layout
-(`--export`, quant.export) or as a model folder vLLM loads (`--model-out`). Torch is imported when the
+(`--export`, quant.scales.export) or as a model folder vLLM loads (`--model-out`). Torch is imported when the
 command runs, never when the CLI starts (`qa gate` and the other light commands must not load it).
 Exit 0 on success, 2 for a usage error.
 """
@@ -19,15 +19,15 @@ from rich.table import Table
 from evals.models import DEFAULT_MODEL
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
-from quant.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS
+from quant.scales.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS
 from quant.errors import QuantError
-from quant.kv_catalog import EXPORT_TARGETS
+from quant.formats.catalog import EXPORT_TARGETS
 from quant.validation import first_error
 
 if TYPE_CHECKING:
     import torch
 
-    from quant.calibrate import CalibrationSpec
+    from quant.scales.calibrate import CalibrationSpec
 @app.command("calibrate")
 def calibrate_command(
     out: Annotated[
@@ -75,7 +75,7 @@ def calibrate_command(
         calibrate_model,
         export_vllm_model,
     )
-    from quant.export import export_scales  # torch: the scales are tensors
+    from quant.scales.export import export_scales  # torch: the scales are tensors
 
     spec = _calibration_spec(
         format=fmt,
@@ -114,7 +114,7 @@ def _num(t: torch.Tensor) -> str:
 
 
 def _calibration_spec(**fields: Any) -> CalibrationSpec:
-    from quant.calibrate import CalibrationSpec  # torch: the observers are torch code
+    from quant.scales.calibrate import CalibrationSpec  # torch: the observers are torch code
 
     try:
         return CalibrationSpec(**fields)

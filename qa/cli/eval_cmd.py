@@ -1,4 +1,4 @@
-"""`qa eval`: run tasks for one arm into `<out>/records/<arm>/`; a thin shell over `evals.arm.run_arm`.
+"""`qa eval`: run tasks for one arm into `<out>/records/<arm>/`; a thin shell over `evals.run.arm.run_arm`.
 
 Exit 0 when every sample ran (failed samples are recorded, counted and reported, not fatal), 2 for a
 usage error. Rerunning the same command resumes; a changed configuration is refused.
@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evals.arm import ArmTask, parse_arm, run_arm
+from evals.run.arm import ArmTask, parse_arm, run_arm
 from evals.data import resolve_data_dir
 from evals.errors import EvalError
 from evals.models import DEFAULT_MODEL

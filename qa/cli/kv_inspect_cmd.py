@@ -1,9 +1,9 @@
 """`qa kv-inspect`: per-layer K/V distortion of the emulated KV cache (a thin shell over
-`quant.inspect.inspect_kv`). Torch is imported when the command runs, never when the CLI starts.
+`quant.kv.inspect.inspect_kv`). Torch is imported when the command runs, never when the CLI starts.
 
 A model folder that carries K/V scales (`--model DIR`, ours, llm-compressor's, ModelOpt's; or `--scales DIR`)
-is read by quant.folder_scales.resolve_folder_scales against amax observed here on the same prompts
-(`quant.scale_check`), taken as it is (an inspection reports, it does not refuse): the fields found, the
+is read by quant.scales.folder.resolve_folder_scales against amax observed here on the same prompts
+(`quant.scales.check`), taken as it is (an inspection reports, it does not refuse): the fields found, the
 convention declared and the one the numbers fit, and the cache is inspected with the scales converted for
 `--format`, as `qa run` would run them; each warning is one line on stderr."""
 
@@ -21,10 +21,10 @@ from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
 from qa.report.plots import write_kv_plot
 from quant.errors import QuantError
-from quant.fault_presets import FAULT_PRESETS, fault_spec
-from quant.folder_scales import has_kv_scales
-from quant.inspect_report import FolderScalesCheck, InspectReport
-from quant.kv_spec import kv_spec_from_dict
+from quant.kv.fault_presets import FAULT_PRESETS, fault_spec
+from quant.scales.folder import has_kv_scales
+from quant.kv.inspect_report import FolderScalesCheck, InspectReport
+from quant.kv.spec import kv_spec_from_dict
 
 
 @app.command("kv-inspect")
@@ -73,8 +73,8 @@ def kv_inspect_command(
     elif constant_scale is not None:
         fields.update(scales="constant", constant_scale=constant_scale)
     from qa.pipeline.calibration import load_prompts  # torch: token chunks are tensors
-    from quant.inspect import inspect_kv  # torch: the inspection runs the model
-    from quant.scales import KVScales  # torch: the scales are tensors
+    from quant.kv.inspect import inspect_kv  # torch: the inspection runs the model
+    from quant.scales.files import KVScales  # torch: the scales are tensors
 
     spec = kv_spec_from_dict(fields)
     if fault is not None:
@@ -87,7 +87,7 @@ def kv_inspect_command(
     data_name, prompts = load_prompts(tokenizer, data, data_dir, n_prompts, seq_len, seed)
     check = None
     if folder is not None:
-        from quant.scale_check import check_folder_scales  # torch: the check observes the model
+        from quant.scales.check import check_folder_scales  # torch: the check observes the model
 
         on = f"{model} on {data_name}: {prompts.shape[0]} x {prompts.shape[1]} tokens"
         rs, check = check_folder_scales(hf_model, prompts, folder, spec.format, on=on)

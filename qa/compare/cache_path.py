@@ -1,6 +1,6 @@
 """Statistics of the cache path (the `sessions` probe): numbers only, `qa.gate.cache_path` decides.
 
-Records (evals.session_runner): item_id "s{NNN}/t{K}/{cold|warm|shuffled}", cluster = the session id,
+Records (evals.run.sessions): item_id "s{NNN}/t{K}/{cold|warm|shuffled}", cluster = the session id,
 meta {"session", "turn", "cache_path", "cached_tokens", "prompt_tokens"}, `reference_logprobs` = the
 teacher-forced fixed continuation (the turn's reference answer). A unit is (session, turn, repeat);
 each unit is served cold (no reusable prefix), warm (right after its prefix), and optionally again
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.compare.distribution import distribution_estimates, token_stats
 from qa.compare.estimate import estimate, flip_excess
 from qa.compare.generation import rate_interval

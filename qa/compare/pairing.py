@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.errors import PairingError
 
 _SHOW = 3  # ids named in an error message

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.compare.distribution import token_stats
 from qa.compare.pairing import PairedTask
 from qa.errors import PairingError
 from qa.files.comparison import ReferenceEstimate, ReferenceStat
 from qa.stats.basic import gate_mean_se, t_interval
 
-REFERENCE_ERROR_KEY = "reference_error"  # evals.reference.META_KEY: the engine could not score it
+REFERENCE_ERROR_KEY = "reference_error"  # evals.run.reference.META_KEY: the engine could not score it
 METHOD_NOTE = ("per item (repeats averaged first): mean over the reference tokens of log p_cand - log p_base and "
                "of KL(base || cand) (top-k + tail bucket, a lower bound); SE CR1 over clusters of items")
 

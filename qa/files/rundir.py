@@ -27,7 +27,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from evals.server_log import server_log_path
+from evals.provenance.server_log import server_log_path
 from qa.errors import PolicyError, SpecError
 from qa.files.comparison import Comparison, load_comparison, save_comparison
 from qa.files.policy import Policy, parse_policy, resolve_policy
@@ -107,7 +107,7 @@ class RunDir:
         return self.records / arm
 
     def server_log(self, arm: str) -> Path:
-        """Where the server `qa run` started for an arm writes its log (evals.server_log reads it there)."""
+        """Where the server `qa run` started for an arm writes its log (evals.provenance.server_log reads it there)."""
         return server_log_path(self.top, arm)
 
     @property
@@ -117,7 +117,7 @@ class RunDir:
 
     @property
     def kv_inspect(self) -> Path:
-        """Per-layer KV-cache distortion of the candidate's emulated cache (quant.inspect schema)."""
+        """Per-layer KV-cache distortion of the candidate's emulated cache (quant.kv.inspect schema)."""
         return self.root / "kv_inspect.json"
 
     @property

@@ -27,11 +27,11 @@ from pydantic import (
 from evals.engines import ENGINE_NAMES, parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
-from evals.engines.vllm_args import RESERVED_SERVER_ARGS, VllmFlag
-from evals.engines.vllm_kv.spec import refusal as vllm_kv_refusal
+from evals.engines.vllm.args import RESERVED_SERVER_ARGS, VllmFlag
+from evals.engines.vllm.kv.spec import refusal as vllm_kv_refusal
 from evals.errors import EvalError
 from qa.errors import SpecError
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 from quant.validation import first_error
 
 ArmRole = str  # an arm's name: "baseline", "rerun", or a candidate's name

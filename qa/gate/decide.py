@@ -9,7 +9,7 @@ directory.
 
 from __future__ import annotations
 
-from evals.provenance import KVProvenance
+from evals.provenance.engines import KVProvenance
 from qa.files.comparison import Comparison
 from qa.files.policy import Policy
 from qa.files.rundir import RunDir

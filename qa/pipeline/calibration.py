@@ -13,10 +13,10 @@ import torch
 from evals import data
 from evals.errors import DataError, ModelError
 from evals.models import load_model, resolve_model
-from quant.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
-from quant.export import export_model_folder
+from quant.scales.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
+from quant.scales.export import export_model_folder
 from quant.fileio import jsonl_objects
-from quant.scales import KVScales
+from quant.scales.files import KVScales
 
 CALIBRATION_SETS = ("wikitext2", "gsm8k")  # named sets; anything else is a .txt / .jsonl path
 
@@ -60,7 +60,7 @@ def calibrate_model(model_name: str, source: str, spec: CalibrationSpec, data_di
 
 
 def export_vllm_model(model_name: str, scales: KVScales, out_dir: Path) -> list[Path]:
-    """Write a model folder vLLM loads with `scales` as its FP8 KV scales (quant.export.export_model_folder)."""
+    """Write a model folder vLLM loads with `scales` as its FP8 KV scales (quant.scales.export.export_model_folder)."""
     resolved = resolve_model(model_name)
     if resolved.path is None:
         raise ModelError(f"model {model_name!r} has no local folder to export from")

@@ -15,13 +15,13 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from evals.engines.vllm_args import VllmEngineArgs
-from evals.engines.vllm_kv.spec import describe, plugin_env
-from evals.env import redact_env
+from evals.engines.vllm.args import VllmEngineArgs
+from evals.engines.vllm.kv.spec import describe, plugin_env
+from evals.records.env import redact_env
 from evals.servers import VllmServerSpec, kv_plugin_env, llamacpp_command, vllm_server_command
 from qa.pipeline.preflight import Preflight, offline_kwargs
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun
-from quant.kv_spec import kv_spec_from_dict
+from quant.kv.spec import kv_spec_from_dict
 
 PORT_SHOWN = "<free port>"  # a server's port is picked when it starts
 

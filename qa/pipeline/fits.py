@@ -1,4 +1,4 @@
-"""Every item of every task against each arm's context window, before any arm starts (evals.context_fit), counted
+"""Every item of every task against each arm's context window, before any arm starts (evals.run.context_fit), counted
 with the model's tokenizer. The window is the arm's own limit (hf `max_length`, vLLM `max_model_len`), for an
 `openai` arm with a server `qa run` starts the server's (vLLM's `max_model_len` in its args, llama.cpp's
 `n_ctx` shared by its `n_parallel` slots), else the model's config. An `openai` arm pointed at an external
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evals.context_fit import check_fit
+from evals.run.context_fit import check_fit
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.hf.fit import context_window
 from evals.engines.openai_api.args import OpenAIArgs
-from evals.engines.vllm_args import VllmEngineArgs
+from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import ModelError, one_line
 from evals.models import read_model_config, resolve_model
 from evals.servers import LlamaCppServerSpec, VllmServerSpec
@@ -110,7 +110,7 @@ def check_local_folders(run: ResolvedRun) -> None:
 
 def check_items_fit(run: ResolvedRun) -> list[str]:
     """Every item against each arm's window: EvalError (one line) for a task built to a context length or a
-    session task whose item does not fit (evals.context_fit); a warning line per other task with items that do
+    session task whose item does not fit (evals.run.context_fit); a warning line per other task with items that do
     not, and one per reason a window is unknown here, naming its arms."""
     check_local_folders(run)
     warnings: list[str] = []

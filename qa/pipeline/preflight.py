@@ -5,8 +5,8 @@ not on this machine, no vLLM interpreter), the calibration format, the static sc
 pending calibration writes them later) and whether its kv spec fits the model's config (read alone, no
 weights), a model folder's K/V scales fitted against the arm's model and refused when they are not what
 they declare (qa.pipeline.scale_fit), what a served arm would refuse or ignore on every sample, a reused
-baseline (checked against the earlier run, evals.arm_reuse), and every vLLM arm's arguments checked by vLLM
-itself in the interpreter that will run them (evals.engines.vllm_check, one child process for all arms).
+baseline (checked against the earlier run, evals.run.reuse), and every vLLM arm's arguments checked by vLLM
+itself in the interpreter that will run them (evals.engines.vllm.check, one child process for all arms).
 With `strict=False` (the dry run) what this machine cannot check becomes a note on the arm instead.
 """
 
@@ -15,22 +15,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.arm import ArmManifest
-from evals.arm_reuse import check_reuse
+from evals.run.arm import ArmManifest
+from evals.run.reuse import check_reuse
 from evals.engines import hf
 from evals.engines.base import GenerateRequest
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.hf.fit import check_model_fit
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.openai_api.sampling import check_sampling
-from evals.engines.vllm_args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
-from evals.engines.vllm_check import ArmCheck, check_with_vllm
+from evals.engines.vllm.args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
+from evals.engines.vllm.check import ArmCheck, check_with_vllm
 from evals.errors import EngineError
 from evals.servers import VllmServerSpec, kv_plugin_env, vllm_server_command
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun, arm_tasks
 from qa.pipeline.scale_fit import fit_scale_folders
 from quant.fileio import scales_paths
-from quant.kv_catalog import FORMAT_NAMES, unknown_format
+from quant.formats.catalog import FORMAT_NAMES, unknown_format
 
 NO_VLLM = ("vLLM arguments not checked: vllm is not installed here, in .venv-vllm or at QA_VLLM_PYTHON "
            "(scripts/setup.sh --vllm)")
@@ -143,7 +143,7 @@ def check_hf_args(run: ResolvedRun) -> None:
 
 def check_reused_baseline(run: ResolvedRun) -> ArmManifest | None:
     """For a baseline with `from` (an earlier run directory): the checked manifest of its records to copy
-    (evals.arm_reuse; RecordError naming the first mismatch), else None. Writes nothing."""
+    (evals.run.reuse; RecordError naming the first mismatch), else None. Writes nothing."""
     base = run.arm("baseline")
     if base.record.reused_from is None:
         return None

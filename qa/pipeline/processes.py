@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from evals.offline import offline_env
-from evals.progress import MODE_ENV, progress_mode
+from evals.run.progress import MODE_ENV, progress_mode
 from qa.errors import QAError
 from qa.files.resolved import ArmRecord
 
@@ -37,14 +37,14 @@ CHILD_SETUP = _die_with_parent if sys.platform == "linux" else None
 def worker_command(run_dir: Path, role: str, python: str, env: Mapping[str, str] | None = None, *,
                    serve: bool = False) -> tuple[list[str], dict[str, str]]:
     """`python -m qa.pipeline.worker RUN_DIR ROLE [--serve]` and its environment: the offline defaults, this
-    process's variables, the progress mode this process chose (evals.progress), then `env` (an arm's own
+    process's variables, the progress mode this process chose (evals.run.progress), then `env` (an arm's own
     variables, which reach its server too)."""
     cmd = [python, "-m", WORKER_MODULE, str(run_dir), role]
     return cmd + (["--serve"] if serve else []), offline_env(extra={**progress_env(), **(env or {})})
 
 
 def progress_env() -> dict[str, str]:
-    """The progress mode this process chose for its children (evals.progress); outside `bars`, the Hugging Face
+    """The progress mode this process chose for its children (evals.run.progress); outside `bars`, the Hugging Face
     libraries' own tqdm bars (loading weights, downloads) are turned off too: their frames cut a log's lines."""
     mode = progress_mode()
     return {MODE_ENV: mode} if mode == "bars" else {MODE_ENV: mode, "HF_HUB_DISABLE_PROGRESS_BARS": "1"}

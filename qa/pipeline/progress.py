@@ -1,10 +1,10 @@
 """What `qa run` says about the work ahead: the planned items of each arm (the run's header), the run's length
-from the first items' rate (asked of the first arm's process: evals.progress QA_PROGRESS_RUN), and after the
-first arm the run's length at its rate. Each arm's own progress lines or bars: evals.progress."""
+from the first items' rate (asked of the first arm's process: evals.run.progress QA_PROGRESS_RUN), and after the
+first arm the run's length at its rate. Each arm's own progress lines or bars: evals.run.progress."""
 
 from __future__ import annotations
 
-from evals.progress import RUN_ENV, clock
+from evals.run.progress import RUN_ENV, clock
 from qa.files.resolved import ArmRecord
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun
 

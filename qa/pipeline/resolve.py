@@ -19,10 +19,10 @@ from typing import Any
 from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.hf.args import HFEngineArgs
-from evals.engines.vllm_args import VllmEngineArgs
+from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import EngineError, EvalError, ModelError
 from evals.models import ResolvedModel, gguf_file, resolve_model
-from evals.sampling import select_items
+from evals.run.selection import select_items
 from evals.servers import LlamaCppServerSpec, VllmServerSpec, check_cache_type, vllm_python
 from evals.tasks import get_task, supports_chat
 from evals.tasks.base import DEFAULT_THINK_TAGS, TaskOptions
@@ -48,7 +48,7 @@ from qa.pipeline.resolved import (
     ServerSpec,
 )
 from qa.stats.sequential import Design, look_sizes
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 
 VLLM_FP8_DTYPES = ("fp8", "fp8_e4m3")  # vLLM KV dtypes that store E4M3 and read per-layer k/v scales
 PYTHON_SHOWN = "python"  # stands for a vLLM interpreter this machine lacks, in a dry run's command line

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from evals.arm import ArmConfig, ArmTask
+from evals.run.arm import ArmConfig, ArmTask
 from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.base import GenerateRequest
 from evals.models import ResolvedModel
-from evals.sampling import select_items
+from evals.run.selection import select_items
 from evals.servers import LlamaCppServerSpec, VllmServerSpec
 from evals.tasks.base import Item, Request, ServedInSessions, Task, TaskOptions
 from qa.errors import QAError
@@ -27,7 +27,7 @@ from qa.files.policy import Policy, TaskPolicy
 from qa.files.resolved import ArmRecord, ResolvedRecord, TaskRecord
 from qa.files.rundir import RunDir
 from qa.files.spec import RunSpec, TaskSpec
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 
 OPTIONS = TypeAdapter(TaskOptions)  # TaskOptions <-> the JSON of TaskRecord.options
 SERVER_SPECS: dict[str, TypeAdapter[LlamaCppServerSpec] | TypeAdapter[VllmServerSpec]] = {
@@ -83,7 +83,7 @@ class ResolvedTask:
     options: TaskOptions
     task: Task
     items: tuple[Item, ...]
-    selection: tuple[Item, ...]  # the seeded subset (`limit` items, evals.sampling.select_items)
+    selection: tuple[Item, ...]  # the seeded subset (`limit` items, evals.run.selection.select_items)
     first_request: Request | None  # the request of the task's first item: what its requests look like
     policy: TaskPolicy
     explicit: bool  # named in the policy's [tasks] (qa.gate.rules.select_estimate)

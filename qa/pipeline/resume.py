@@ -1,6 +1,6 @@
 """Resume without work: whether an arm's records are already complete, so `qa run` starts no worker for it.
 
-An arm is complete when records/<arm>/arm.json holds the fingerprint this resolved arm would write (evals.arm:
+An arm is complete when records/<arm>/arm.json holds the fingerprint this resolved arm would write (evals.run.arm:
 model and its file hash, engine, engine arguments and the scales files they name, server, seed) and the same
 fingerprint for every task (name, version, options, limit, repeats), and every task's records file holds
 every (item, repeat) of the task's resolved selection. The records themselves were checked when they were
@@ -10,10 +10,10 @@ arm to its worker, which resumes or refuses with its own one-line error.
 
 from __future__ import annotations
 
-from evals.arm import ARM_FILE, ArmManifest, BuiltTask, arm_manifest
+from evals.run.arm import ARM_FILE, ArmManifest, BuiltTask, arm_manifest
 from evals.errors import EvalError
 from evals.models import resolve_model
-from evals.records import read_records
+from evals.records.samples import read_records
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun, ResolvedTask
 
 

@@ -1,10 +1,10 @@
 """Before any arm starts (`qa run` and its dry run, via qa.pipeline.preflight): every arm whose kv spec reads a
 model folder's K/V scales (`scales = "DIR"`) gets them resolved for its format by
-quant.folder_scales.resolve_folder_scales, fitted against its own model, so a folder whose numbers are all
+quant.scales.folder.resolve_folder_scales, fitted against its own model, so a folder whose numbers are all
 1.0 or fit another convention than it declares is refused in one line (QuantError, exit 2) unless the spec
 says `scales_as_is = true`. The arms: an hf arm (the emulator), a vllm arm with `engine_args.kv` and an
 openai arm whose vLLM server has `server.kv` (both the qa_kv plugin, which reads the folder the same way).
-The observation is kept (evals.scale_fits) for the hf emulator's provenance, which reads it back.
+The observation is kept (evals.provenance.scale_fits) for the hf emulator's provenance, which reads it back.
 
 Where the fit runs: here, in the `qa run` process, with transformers in this environment, once per model
 (the dry run too: it loads the model to fit, and keeps nothing): the model is loaded as an hf arm loads it
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evals.engines.hf.args import HFEngineArgs
-from evals.engines.vllm_args import VllmEngineArgs
+from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import ModelError
 from evals.models import ResolvedModel, load_model
-from evals.scale_fits import save_observed
+from evals.provenance.scale_fits import save_observed
 from evals.servers import VllmServerSpec
 from qa.pipeline.resolved import ResolvedArm, ResolvedRun
 from quant.errors import QuantError
-from quant.folder_scales import ObservedAmax, ResolvedScales, read_folder_scales, resolve_folder_scales
-from quant.kv_spec import KVQuantSpec, kv_spec_from_dict
+from quant.scales.folder import ObservedAmax, ResolvedScales, read_folder_scales, resolve_folder_scales
+from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
 
 FIT_DATA = "wikitext2"
 FIT_PROMPTS = 4  # chunks observed: 4 x 128 = 512 tokens (the fit's tolerance is sqrt(6), module docstring)
@@ -85,7 +85,7 @@ def observe_model(model: ResolvedModel, hf: HFEngineArgs, data_dir: Path | None)
     from transformers.utils import logging as hf_logging  # transformers: its load progress bar
 
     from qa.pipeline.calibration import load_prompts  # torch: token chunks are tensors
-    from quant.scale_check import observe_amax  # torch: the model runs
+    from quant.scales.check import observe_amax  # torch: the model runs
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a check before the run: its stderr is one error line or nothing

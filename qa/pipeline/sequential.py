@@ -2,7 +2,7 @@
 run (`python -m qa.pipeline.worker RUN_DIR ARM --serve`: one engine, and one local server, per arm), the arms run
 the same items in blocks in the seeded item order, and the gate looks after each block.
 
-Block k of a task is the items [n_{k-1}, n_k) of its selection ranked by `evals.sampling.select_items`
+Block k of a task is the items [n_{k-1}, n_k) of its selection ranked by `evals.run.selection.select_items`
 (the first n_k items are `select_items(selection, n_k, seed)`; n_k from `qa.stats.sequential.look_sizes`).
 At look k each candidate is compared with the baseline on the records of the first n_k items (qa.compare.arms,
 the rerun arm filtered the same way) and `qa.gate.sequential.look_decision` decides: a task that passed

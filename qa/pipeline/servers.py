@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from evals.engines.vllm_kv.record import checked_record, expected_loads, records_from_log
+from evals.engines.vllm.kv.record import checked_record, expected_loads, records_from_log
 from evals.servers import VllmServerSpec, start_server
 from qa.files.resolved import ArmRecord
 from qa.files.rundir import RunDir
@@ -21,7 +21,7 @@ from qa.pipeline.resolved import server_spec
 def check_plugin_ran(spec: VllmServerSpec, log: Path, start: int = 0) -> None:
     """EngineError unless a server started with a `kv` spec logged the plugin's record after byte `start` of
     its log (what this start wrote; the log is appended to), one per process its args say loads the model,
-    all alike (evals.engines.vllm_kv.record.checked_record); nothing to check without a `kv` spec."""
+    all alike (evals.engines.vllm.kv.record.checked_record); nothing to check without a `kv` spec."""
     if spec.kv is None:
         return
     text = ""

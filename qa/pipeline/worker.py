@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from evals.arm import open_arm, run_arm
+from evals.run.arm import open_arm, run_arm
 from evals.engines import parse_engine_args
 from evals.engines.hf import read_scales
 from evals.engines.hf.args import HFEngineArgs
 from evals.models import load_model, resolve_model
-from evals.progress import ARMS_ENV
+from evals.run.progress import ARMS_ENV
 from qa.errors import USER_ERRORS, SpecError
 from qa.files.resolved import ArmRecord, ResolvedRecord
 from qa.files.rundir import RunDir
@@ -78,8 +78,8 @@ def calibrate_step(record: ResolvedRecord, rd: RunDir) -> None:
         calibrate_model,
         export_vllm_model,
     )
-    from quant.calibrate import CalibrationSpec  # torch: the observers are torch code
-    from quant.scales import KVScales  # torch: scales are tensors
+    from quant.scales.calibrate import CalibrationSpec  # torch: the observers are torch code
+    from quant.scales.files import KVScales  # torch: scales are tensors
 
     cal = record.calibration
     if cal is None:
@@ -111,7 +111,7 @@ def emulated(arm: ArmRecord) -> HFEngineArgs | None:
 def inspect_step(record: ResolvedRecord, rd: RunDir) -> None:
     """kv_inspect.json (per-layer distortion on WikiText-2 prompts) of every emulated-cache candidate without one."""
     from qa.pipeline.calibration import load_prompts  # torch: token chunks are tensors
-    from quant.inspect import inspect_kv, save_inspect  # torch: the inspection runs the model
+    from quant.kv.inspect import inspect_kv, save_inspect  # torch: the inspection runs the model
 
     todo = [(a, args) for a in record.candidates if (args := emulated(a)) is not None]
     if not todo:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from evals.errors import RecordError
-from evals.records import SampleRecord, read_records
+from evals.records.samples import SampleRecord, read_records
 from qa.files.comparison import Comparison, Estimate
 from qa.files.rundir import RunDir
 

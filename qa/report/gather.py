@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.arm import ARM_FILE, ArmManifest
+from evals.run.arm import ARM_FILE, ArmManifest
 from evals.errors import RecordError
 from qa.errors import QAError
 from qa.files.comparison import Comparison, Estimate
@@ -18,7 +18,7 @@ from qa.files.verdict import TaskVerdict, Verdict
 from qa.gate.decide import decide_folder
 from qa.report.examples import Example, find_examples
 from quant.errors import QuantError
-from quant.inspect_report import InspectReport, load_inspect
+from quant.kv.inspect_report import InspectReport, load_inspect
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quant.fileio import atomic_write_bytes
-from quant.inspect_report import InspectReport
+from quant.kv.inspect_report import InspectReport
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

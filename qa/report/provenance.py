@@ -7,7 +7,7 @@ from __future__ import annotations
 from html import escape
 
 from evals.errors import RecordError
-from evals.provenance import KVProvenance
+from evals.provenance.engines import KVProvenance
 from qa.files.rundir import RunDir
 from qa.gate.provenance import FAILING, check_scales, load_kv_provenance
 from qa.report.gather import ReportInputs

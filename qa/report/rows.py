@@ -17,7 +17,7 @@ from qa.files.comparison import (
 )
 from qa.files.verdict import RuleResult, TaskVerdict, Verdict
 from qa.textfmt import percent, pts
-from quant.inspect_report import InspectReport, LayerReport
+from quant.kv.inspect_report import InspectReport, LayerReport
 
 
 @dataclass(frozen=True)

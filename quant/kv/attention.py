@@ -4,7 +4,7 @@ attention kernel does beyond reading the cache.
 The emulated cache only sees K and V. Engines that also round the query (llama.cpp: Q to q8_0 in the
 Hadamard basis for a quantized K; FlashInfer's NVFP4 path: Q in FP8 E4M3), or whose kernel flushes
 small partial sums (vLLM-CPU's AMX-BF16 FP8 path: partial sums of Q.K and unnormalized P.V below the flush
-bound become 0, quant.kv_profiles.amx_fp8_attention), need the attention call itself:
+bound become 0, quant.kv.profiles.amx_fp8_attention), need the attention call itself:
 `profile_attention(spec)` registers, once per setting, an attention implementation that does so; set it
 with `model.set_attn_implementation(name)`. None when the spec's profile needs nothing beyond the cache.
 
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 
 from quant.errors import QuantError
-from quant.formats import FP8Format, get_format
-from quant.kv_profiles import AMX_FLUSH_BELOW, amx_fp8_attention, get_profile, round_query
-from quant.kv_spec import KVQuantSpec
+from quant.formats.registry import FP8Format, get_format
+from quant.kv.profiles import AMX_FLUSH_BELOW, amx_fp8_attention, get_profile, round_query
+from quant.kv.spec import KVQuantSpec
 
 ATTENTION_PREFIX = "qa_kv_profile_"  # registered name: prefix + profile name (dashes as underscores)
 _REGISTERED: set[str] = set()
@@ -91,7 +91,7 @@ def _refuse_extras(kwargs: dict[str, Any]) -> None:
 
 
 def _flushing_attention(bound: float) -> Any:
-    """Attention as vLLM-CPU's AMX-BF16 FP8 kernel computes it (quant.kv_profiles.amx_fp8_attention), with
+    """Attention as vLLM-CPU's AMX-BF16 FP8 kernel computes it (quant.kv.profiles.amx_fp8_attention), with
     `bound` the flush bound times the k/v scale, in model units."""
 
     def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

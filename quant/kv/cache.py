@@ -7,7 +7,7 @@ convention, x ~ stored * d): "static" from a calibrated KVScales (amax per layer
 the amax of the first write of the layer (the prefill) *per sequence* (a [B, 1, 1, 1] scale), fixed from
 then on as a real cache does: decode tokens reuse it and may saturate. Per sequence, not per batch, so
 an item's result does not depend on what it was batched with; `set_padding_mask` keeps left-padding
-positions out of that amax. Fault presets (`quant.faults`) reach the streams as hooks.
+positions out of that amax. Fault presets (`quant.kv.faults`) reach the streams as hooks.
 
 Architectures (`quant.kv.shape`, docs/KV_ARCHITECTURES.md): full, sliding-window and chunked attention
 layers are quantized; the recurrent layers of a hybrid model (qwen3_next) stay in transformers' own
@@ -26,16 +26,16 @@ import torch
 from transformers.cache_utils import Cache
 
 from quant.errors import QuantError
-from quant.faults import fault_hooks
-from quant.formats import KVFormat
+from quant.kv.faults import fault_hooks
+from quant.formats.registry import KVFormat
 from quant.kv.layer import LayerStorage, QuantizedKVLayer
 from quant.kv.plain import recurrent_layer
 from quant.kv.rows import RowOpsMixin
 from quant.kv.shape import RECURRENT_LAYER_TYPES, SLIDING_LAYER_TYPES, ModelKVShape, model_kv_shape
 from quant.kv.stream import StreamPlan
-from quant.kv_profiles import get_profile, profile_format
-from quant.kv_spec import KVKind, KVQuantSpec
-from quant.scales import KVScales, load_spec_scales
+from quant.kv.profiles import get_profile, profile_format
+from quant.kv.spec import KVKind, KVQuantSpec
+from quant.scales.files import KVScales, load_spec_scales
 
 # formats with one scale per (token, head) row: an MLA entry [kv_c | k_pe] is one row, with one scale, where
 # the emulator's two streams would have two (block formats keep blocks inside kv_c or k_pe: widths % block)
@@ -122,7 +122,7 @@ def scale_for(
 ) -> torch.Tensor | None:
     """Static or constant decode scale of one stream (before any fault hook), None when dynamic; `shared`
     (MLA): one static scale for K and V, from the larger of their calibrated amax. The hf cache and the vLLM
-    plugin (evals.engines.vllm_kv.emulate) both take their scales from here."""
+    plugin (evals.engines.vllm.kv.emulate) both take their scales from here."""
     if spec.scales == "constant":
         return torch.tensor(float(spec.constant_scale), dtype=torch.float32)  # type: ignore[arg-type]
     if spec.scales == "static":

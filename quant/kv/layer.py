@@ -25,7 +25,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from quant.errors import QuantError
-from quant.formats import KVFormat, QuantizedTensor, quantize_dequantize
+from quant.formats.registry import KVFormat, QuantizedTensor, quantize_dequantize
 from quant.kv.qtensor import scale_as_4d
 from quant.kv.rows import BatchOpsMixin
 from quant.kv.shape import ROWS_NEED_FULL_ATTENTION

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch
 
-from quant.formats import QuantizedTensor
+from quant.formats.registry import QuantizedTensor
 
 
 def cat_tokens(chunks: list[QuantizedTensor]) -> QuantizedTensor:

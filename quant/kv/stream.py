@@ -14,7 +14,7 @@ A stream keeps
   when its writes end at the shorter length: the tokens that are again among the last `window` come
   back in their recent-format bytes, not re-quantized (a prefix-cache hit inside an entry, a replay).
 
-Faults (`quant.faults.FaultHooks`, None for a clean cache) act on decode scales, on written main-format
+Faults (`quant.kv.faults.FaultHooks`, None for a clean cache) act on decode scales, on written main-format
 chunks and on what is read back; the stream calls them and holds no fault logic of its own.
 """
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import torch
 
 from quant.errors import QuantError
-from quant.faults import FaultHooks
-from quant.formats import KVFormat, QuantizedTensor, quantize_dequantize
+from quant.kv.faults import FaultHooks
+from quant.formats.registry import KVFormat, QuantizedTensor, quantize_dequantize
 from quant.kv.buffer import KVBuffer
 from quant.kv.qtensor import (
     cat_scale_rows,
@@ -40,7 +40,7 @@ from quant.kv.qtensor import (
     slice_tokens,
     stack_rows,
 )
-from quant.kv_spec import KVKind
+from quant.kv.spec import KVKind
 
 CONSOLIDATE_CHUNKS = 64  # merge the main region's chunk list when it grows past this (amortized concat)
 

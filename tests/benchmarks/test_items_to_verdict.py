@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import SampleRecord, write_records
-from evals.sampling import select_items
+from evals.records.samples import SampleRecord, write_records
+from evals.run.selection import select_items
 from evals.tasks.base import Item
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -56,7 +56,7 @@ def test_chat_template_and_a_short_chat_generation(gemma) -> None:
     """The Gemma 3 template renders one BOS and the turn markers; the engine's greedy continuation of
     the rendered prompt (sliding-window layers, decoded alone through the prefix cache) is the one
     transformers' generate makes."""
-    from evals.chat import chat_template
+    from evals.prompts.chat import chat_template
 
     text = chat_template(NAME).render([Message(role="system", content="Answer briefly."),
                                        Message(role="user", content="Name a colour.")])
@@ -96,7 +96,7 @@ def long_prompt(n_tokens: int, gemma) -> list[int]:
 
 def test_prefix_cache_on_real_weights_warm_against_cold(gemma) -> None:
     from evals.engines.hf.prefix_cache import PrefixCache
-    from quant.kv_spec import PrefixCacheSpec
+    from quant.kv.spec import PrefixCacheSpec
 
     ids = long_prompt(300, gemma)
     hit = 256  # the entry: the first 260 tokens cut to whole blocks

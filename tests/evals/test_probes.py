@@ -9,7 +9,7 @@ import pytest
 
 from evals.engines.base import GenerateRequest, GenerateResult, TokenLogprobsRequest
 from evals.errors import EvalError
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 from evals.tasks import get_task
 from evals.tasks.base import TaskOptions
 from evals.tasks.needle import CHARS_PER_TOKEN, INSTRUCTION, NeedleTask, first_number
@@ -68,8 +68,8 @@ def test_wikitext_options_are_validated() -> None:
 
 
 def test_wikitext_through_the_hf_engine(tmp_path: Path) -> None:
-    from evals.records import read_records
-    from evals.runner import run_task
+    from evals.records.samples import read_records
+    from evals.run.runner import run_task
     from tests.evals.hf_fixtures import tiny_engine
 
     task = get_task("wikitext_kl", TaskOptions(extra={"top_k": 4, "max_tokens": 32}))

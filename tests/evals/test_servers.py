@@ -17,7 +17,7 @@ from evals.engines import base as engine_base
 from evals.engines import build_engine
 from evals.engines.lmeval_tokens import encode_pair
 from evals.errors import EngineError
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 from evals.servers import (
     REPO_VLLM_PYTHON,
     VLLM_PYTHON_ENV,

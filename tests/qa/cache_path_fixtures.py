@@ -1,4 +1,4 @@
-"""Hand-made sessions records (the evals.session_runner format) for the cache-path statistics, gate and
+"""Hand-made sessions records (the evals.run.sessions format) for the cache-path statistics, gate and
 report tests: item_id "s{NNN}/t{K}/{path}", cluster = session, meta session/turn/cache_path/token counts,
 reference_logprobs a one-position distribution over two tokens (top-2 = the whole support, so the
 top-k KL is the exact KL)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evals.records import SampleRecord, TokenLogprobs, sha256_text
+from evals.records.samples import SampleRecord, TokenLogprobs, sha256_text
 
 TASK = "sessions"
 KEY = "exact_match,none"

@@ -11,7 +11,7 @@ import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.proportion import proportion_confint
 
-from evals.records import SampleRecord, write_records
+from evals.records.samples import SampleRecord, write_records
 from qa.files.comparison import (
     Agreement,
     AgreementShare,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.compare.estimate import estimate
 from qa.compare.pairing import pair_records, paired_metric
 from qa.files.comparison import Estimate, StatsSettings

@@ -1,6 +1,6 @@
 """Hand-built checkpoint folders with K/V scales, unit cases named for the convention they stand for, on the
 tiny random model (tests.evals.hf_fixtures.save_tiny) with safetensors. Folders llm-compressor itself writes
-are made by tests/llmc_folders.py (read in tests/quant/test_llmcompressor_folders.py).
+are made by tests/llmc_folders.py (read in tests/quant/scales/test_llmcompressor_folders.py).
 
 - `tensor_group_encode_folder` (nvfp4-encode): compressed-tensors' tensor_group global scale, per attention
   module only `k_global_scale` / `v_global_scale`, float32 [1], = generate_gparam = 448 * 6 / amax, under a

@@ -24,7 +24,7 @@ from quant.errors import QuantError
 
 if TYPE_CHECKING:
     from evals.engines.hf.engine import HFEngine
-    from quant.scales import KVScales
+    from quant.scales.files import KVScales
 
 
 def read_scales(args: HFEngineArgs) -> KVScales | None:
@@ -33,10 +33,10 @@ def read_scales(args: HFEngineArgs) -> KVScales | None:
     path = args.scales_source
     if path is None:
         return None
-    from quant.scales import KVScales  # torch: the scales are tensors
+    from quant.scales.files import KVScales  # torch: the scales are tensors
 
     kv = args.kv  # never None here: scales need a kv spec (HFEngineArgs' validator)
-    try:  # a model folder is resolved for the spec's format (quant.folder_scales.resolve_folder_scales)
+    try:  # a model folder is resolved for the spec's format (quant.scales.folder.resolve_folder_scales)
         return KVScales.load(path, kv_format=kv.format if kv else None, take_as_is=bool(kv and kv.scales_as_is))
     except QuantError as exc:
         raise EngineError(f"hf engine: {exc}") from None

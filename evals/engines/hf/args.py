@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evals.errors import EngineError
-from quant.kv_spec import KVQuantSpec, unknown_key_message
+from quant.kv.spec import KVQuantSpec, unknown_key_message
 from quant.validation import FirstError, did_you_mean, first_error
 
 KV_FIELD = "kv"
@@ -67,7 +67,7 @@ def parse_args(args: Mapping[str, Any]) -> HFEngineArgs:
 
 
 def _message(err: FirstError) -> str:
-    """The one-line message for the first problem (kv table problems worded as quant.kv_spec words them)."""
+    """The one-line message for the first problem (kv table problems worded as quant.kv.spec words them)."""
     head, _, rest = err.where.partition(".")
     if head == KV_FIELD and rest:
         if err.type == "extra_forbidden":

@@ -22,7 +22,7 @@ from evals.engines.hf.logprobs import scored_row, shortest_floats
 from evals.engines.hf.model import HFModel
 from evals.engines.hf.prefix_cache import PrefixCache
 from evals.engines.hf.sequence import pick, sampler, step_result, stop_window
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 
 
 def cached_generate(hf: HFModel, cache: PrefixCache,

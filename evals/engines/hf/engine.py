@@ -25,8 +25,8 @@ from evals.engines.hf.prefix import PrefixKV, PrefixStore
 from evals.engines.hf.prefix_cache import prefix_cache_for
 from evals.engines.hf.score import loglikelihood
 from evals.errors import EngineError
-from evals.records import TokenLogprobs
-from quant.scales import KVScales
+from evals.records.samples import TokenLogprobs
+from quant.scales.files import KVScales
 
 PREFIX_CACHE_HINT = "set engine_args.kv.prefix_cache = { enabled = true }"
 

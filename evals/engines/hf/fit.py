@@ -18,7 +18,7 @@ from evals.errors import EngineError
 from evals.models import ResolvedModel
 from quant.errors import QuantError
 from quant.kv.shape import SLIDING_LAYER_TYPES, ModelKVShape, model_kv_shape
-from quant.kv_spec import PrefixCacheSpec
+from quant.kv.spec import PrefixCacheSpec
 
 DEFAULT_MAX_LENGTH = 2048  # lm-eval HFLM._DEFAULT_MAX_LENGTH, used when the config names no window
 WHERE = "hf engine: kv cache spec: prefix_cache"

@@ -15,7 +15,7 @@ from evals.engines.base import Failure, TokenLogprobsRequest
 from evals.engines.hf.batching import LOGITS_BUDGET_BYTES, chunks, guarded, right_padded, token_budget
 from evals.engines.hf.model import HFModel
 from evals.engines.lmeval_tokens import encode_pair
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 
 Row = tuple[int, list[int], int]  # (request index, input ids, index of the logit predicting the first scored token)
 

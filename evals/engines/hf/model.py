@@ -20,7 +20,7 @@ from evals.engines.hf.tokens import HFTokens
 from quant.errors import QuantError
 from quant.kv.cache import make_cache
 from quant.kv.plain import make_plain_cache
-from quant.scales import KVScales
+from quant.scales.files import KVScales
 
 Span = tuple[int, int, int]  # (batch row, first position, number of positions)
 

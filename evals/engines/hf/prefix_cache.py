@@ -65,7 +65,7 @@ from evals.engines.hf.replay import emptied, read_only, restarted, unwrap
 from evals.errors import EngineError
 from quant.errors import QuantError
 from quant.kv.shape import SLIDING_LAYER_TYPES, model_kv_shape
-from quant.kv_spec import PrefixCacheSpec
+from quant.kv.spec import PrefixCacheSpec
 
 STATS_SOURCE = "counted"
 

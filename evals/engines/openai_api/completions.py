@@ -33,7 +33,7 @@ from evals.engines.stops import cut_at_stop
 from evals.errors import EngineError
 from evals.models import ResolvedModel
 from evals.offline import hub_mode, hub_offline
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 
 log = logging.getLogger(__name__)
 

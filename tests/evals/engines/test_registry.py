@@ -20,7 +20,7 @@ from evals.engines import (
 from evals.engines.args import EngineArgs
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
-from evals.engines.vllm_args import VllmEngineArgs
+from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import EngineError
 from evals.models import ResolvedModel
 

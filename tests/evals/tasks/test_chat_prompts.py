@@ -21,9 +21,9 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.utils import hash_string
 
 from evals import data
-from evals.chat import chat_template
+from evals.prompts.chat import chat_template
 from evals.engines.base import GenerateRequest, LoglikelihoodRequest
-from evals.records import sha256_text
+from evals.records.samples import sha256_text
 from evals.tasks import get_task
 from evals.tasks.base import Item, TaskOptions
 from tests.evals.tasks.test_prompts import DATA_DIR, h, lm_doc, lm_task

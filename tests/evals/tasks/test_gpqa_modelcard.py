@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from evals.engines.base import GenerateRequest, GenerateResult
-from evals.records import read_records
-from evals.runner import run_task
+from evals.records.samples import read_records
+from evals.run.runner import run_task
 from evals.tasks import get_task, gpqa_modelcard
 from evals.tasks.base import Item
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from quant.export import SCALES_FILE
-from quant.scales import KVScales
+from quant.scales.export import SCALES_FILE
+from quant.scales.files import KVScales
 from tests.evals.hf_fixtures import save_tiny
 from tests.qa.cli.test_compare_cmd import run_cli
 from tests.tiny_models import CORPUS

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import read_records
+from evals.records.samples import read_records
 from tests.evals.hf_fixtures import save_tiny
 from tests.qa.cli.test_compare_cmd import run_cli
 from tests.shared_data import shared_data_dir

@@ -11,10 +11,10 @@ import pytest
 from safetensors.torch import load_file
 
 from qa.pipeline.calibration import calibrate_model
-from quant.calibrate import CalibrationSpec
-from quant.export import SCALES_FILE
-from quant.folder_scales import CONVENTION_FILE
-from quant.scales import KVScales
+from quant.scales.calibrate import CalibrationSpec
+from quant.scales.export import SCALES_FILE
+from quant.scales.folder import CONVENTION_FILE
+from quant.scales.files import KVScales
 from tests.evals.hf_fixtures import save_tiny
 from tests.qa.cli.test_compare_cmd import run_cli
 from tests.quant.ckpt_folders import k_scale_folder, tensor_group_encode_folder

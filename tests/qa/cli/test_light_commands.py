@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import SampleRecord, sha256_text, write_records
+from evals.records.samples import SampleRecord, sha256_text, write_records
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "reports" / "engines" / "vllm_bf16_vs_fp8"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.compare.arms import Arm, compare_arms
 from qa.files.comparison import Comparison, StatsSettings
 

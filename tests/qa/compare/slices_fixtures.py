@@ -1,4 +1,4 @@
-"""Hand-made agentic records (the evals.session_runner format with the agentic task's meta) for the slice
+"""Hand-made agentic records (the evals.run.sessions format with the agentic task's meta) for the slice
 statistics and report tests: 4 sessions x 2 turns (a tool call, then a look-up), served cold and warm, the
 continuation a 3-position distribution over two tokens (top-2 = the whole support: the top-k KL is exact)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from evals.records import SampleRecord, TokenLogprobs, sha256_text
+from evals.records.samples import SampleRecord, TokenLogprobs, sha256_text
 
 KEY = "exact_match,strict-match"
 

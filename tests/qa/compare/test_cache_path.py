@@ -11,7 +11,7 @@ import pytest
 import statsmodels.api as sm
 from scipy import stats as sps
 
-from evals.records import write_records
+from evals.records.samples import write_records
 from qa.compare.arms import Arm, compare_arms, load_arm
 from qa.compare.cache_path import cache_path_estimates, first_divergence, hit_rate, standard_records
 from qa.errors import PairingError

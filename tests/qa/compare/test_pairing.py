@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.compare.pairing import (
     pair_records,
     paired_generation,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import statsmodels.api as sm
 
-from evals.records import SampleRecord, TokenLogprobs
+from evals.records.samples import SampleRecord, TokenLogprobs
 from qa.compare.arms import Arm, compare_arms
 from qa.compare.pairing import pair_records
 from qa.compare.reference import REFERENCE_ERROR_KEY, reference_estimate
@@ -115,8 +115,8 @@ def test_the_comparison_lists_it_with_the_aa_floor_and_old_records_compare_as_be
 
 def test_smollm2_gsm8k_plain_vs_nvfp4_kv_has_a_nonzero_kl() -> None:
     from evals.engines import build_engine
-    from evals.reference import chunk_references
-    from evals.sampling import select_items
+    from evals.run.reference import chunk_references
+    from evals.run.selection import select_items
     from evals.tasks import get_task
     from evals.tasks.base import TaskOptions
     from tests.evals.hf_fixtures import smollm2_or_skip

@@ -129,7 +129,7 @@ def test_parser_never_crashes_on_text(text):
 def test_engine_args_are_parsed_once_by_the_engines_model() -> None:
     from evals.engines.hf.args import HFEngineArgs
     from evals.engines.openai_api.args import OpenAIArgs
-    from quant.kv_spec import KVQuantSpec
+    from quant.kv.spec import KVQuantSpec
 
     spec = parse_spec(MINIMAL)
     cand = spec.arms["candidate"]

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from evals.records import write_records
+from evals.records.samples import write_records
 from qa.compare.arms import compare_arms, load_arm
 from qa.files.comparison import Comparison, StatsSettings, load_comparison, save_comparison
 from qa.files.policy import default_policy, parse_policy

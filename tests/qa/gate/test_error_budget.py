@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import SampleRecord, sha256_text, write_records
+from evals.records.samples import SampleRecord, sha256_text, write_records
 from qa.cli import main
 
 N_ITEMS = 400  # identical arms: a tight CI around 0, so only the error budget can stop a pass

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 from scipy import stats as sps
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.compare.arms import Arm, compare_arms
 from qa.files.comparison import Comparison, Estimate, StatsSettings
 from qa.files.policy import default_policy, parse_policy

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from evals.records import SampleRecord
+from evals.records.samples import SampleRecord
 from qa.compare.arms import Arm, compare_arms
 from qa.errors import PolicyError
 from qa.files.comparison import Interval, StatsSettings

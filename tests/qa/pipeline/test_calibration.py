@@ -13,7 +13,7 @@ from qa.files.spec import parse_spec
 from qa.pipeline.calibration import calibration_texts
 from qa.pipeline.resolve import feeds_vllm, resolve_run
 from qa.pipeline.worker import calibrate_step
-from quant.export import SCALES_FILE
+from quant.scales.export import SCALES_FILE
 from tests.evals.hf_fixtures import save_tiny
 from tests.shared_data import shared_data_dir
 from tests.tiny_models import CORPUS

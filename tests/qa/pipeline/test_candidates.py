@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from evals.arm import ArmManifest
+from evals.run.arm import ArmManifest
 from evals.errors import RecordError
-from evals.records import read_records
+from evals.records.samples import read_records
 from qa import api
 from qa.files.rundir import RunDir
 from qa.files.spec import parse_spec

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.engines.vllm_kv.spec import PLUGIN_ENV
+from evals.engines.vllm.kv.spec import PLUGIN_ENV
 from evals.servers import VLLM_PYTHON_ENV
 from qa import api
 from qa.errors import SpecError

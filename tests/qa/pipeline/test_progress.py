@@ -1,5 +1,5 @@
 """Progress where there is no terminal: `qa run` with its output going to a pipe prints plain progress lines
-(evals.progress, qa.pipeline.progress), never a live bar's frames, and the run's length from its first items' rate
+(evals.run.progress, qa.pipeline.progress), never a live bar's frames, and the run's length from its first items' rate
 before the first arm ends; on the tiny random Llama of tests/tiny_models.py saved as a model folder, 3 items per
 task."""
 
@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from evals import progress
+from evals.run import progress
 from evals.errors import EvalError
-from evals.progress import LineProgress, ProgressSettings, clock, settings_from_env, task_progress
+from evals.run.progress import LineProgress, ProgressSettings, clock, settings_from_env, task_progress
 from tests.shared_data import shared_data_dir
 
 SPEC = """

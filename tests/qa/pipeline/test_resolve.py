@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from evals import data
-from evals.arm import arm_manifest
+from evals.run.arm import arm_manifest
 from evals.models import resolve_model
-from evals.sampling import select_items
+from evals.run.selection import select_items
 from qa.files.resolved import ResolvedRecord, text_sha256
 from qa.files.spec import ChatSettings, TaskSpec, parse_spec
 from qa.pipeline.dry_run import dry_run

@@ -21,7 +21,7 @@ from qa import api
 from qa.files.spec import parse_spec
 from qa.pipeline.dry_run import PlannedArm
 from quant.errors import QuantError
-from quant.folder_scales import CONVENTION_FILE
+from quant.scales.folder import CONVENTION_FILE
 from tests.llmc_folders import LlmcFolders, llmc_folders
 from tests.qa.cli.test_compare_cmd import run_cli
 from tests.quant.ckpt_folders import k_scale_folder

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import read_records
-from evals.sampling import select_items
+from evals.records.samples import read_records
+from evals.run.selection import select_items
 from evals.tasks import get_task
 from qa import api
 from qa.errors import QAError
@@ -200,7 +200,7 @@ class CallLog:
 
 
 def test_runner_blocks_are_chunked_alone_so_a_resumed_run_makes_the_same_batches(tmp_path: Path) -> None:
-    from evals.runner import run_task
+    from evals.run.runner import run_task
     from tests.evals.hf_fixtures import tiny_engine
 
     task, engine = get_task("arc_easy"), tiny_engine({"batch_size": 4})

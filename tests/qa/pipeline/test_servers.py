@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import read_records
+from evals.records.samples import read_records
 from qa.errors import SpecError
 from qa.files.spec import parse_spec
 from tests.shared_data import shared_data_dir

@@ -1,4 +1,4 @@
-"""qa.report.gather: which verdict a report shows, kv_inspect.json read with quant.inspect.load_inspect,
+"""qa.report.gather: which verdict a report shows, kv_inspect.json read with quant.kv.inspect.load_inspect,
 the engines' determinism from arm.json."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import json
 import math
 from pathlib import Path
 
-from evals.arm import ArmIdentity, ArmManifest, EngineSummary
+from evals.run.arm import ArmIdentity, ArmManifest, EngineSummary
 from qa.api import gate
 from qa.files.policy import default_policy, parse_policy
 from qa.files.rundir import RunDir
 from qa.report.gather import gather, read_arm_engines, read_kv, resolve_verdict
 from qa.report.notes import engine_notes
-from quant.inspect import InspectReport
+from quant.kv.inspect import InspectReport
 from tests.qa.gate_fixtures import make_run_dir
 from tests.qa.report.conftest import PROMPTS, TOKENS, write_kv
 

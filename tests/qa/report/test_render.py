@@ -15,7 +15,7 @@ import pytest
 from qa.api import gate
 from qa.files.policy import default_policy, parse_policy
 from qa.report import render
-from quant.inspect import InspectReport
+from quant.kv.inspect import InspectReport
 from tests.qa.gate_fixtures import (
     GPQA_SECRET,
     HOSTILE_ANSWER,

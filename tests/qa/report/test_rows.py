@@ -10,8 +10,8 @@ from qa.files.comparison import McNemar
 from qa.files.policy import default_policy
 from qa.gate.rules import apply_rules
 from qa.report.rows import db, kv_rows, layer_ranges, table_row
-from quant.inspect import InspectReport, KindStats, LayerReport
-from quant.kv_spec import KVQuantSpec
+from quant.kv.inspect import InspectReport, KindStats, LayerReport
+from quant.kv.spec import KVQuantSpec
 from tests.qa.gate_fixtures import comparison, estimate_from_scores, scores
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evals.records import SampleRecord, write_records
-from evals.sampling import select_items
+from evals.records.samples import SampleRecord, write_records
+from evals.run.selection import select_items
 from evals.tasks.base import Item
 from qa.compare.arms import Arm, compare_arms
 from qa.files.comparison import SequentialLook, StatsSettings, load_comparison, save_comparison

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from evals.records import SampleRecord, write_records
+from evals.records.samples import SampleRecord, write_records
 from qa.compare.arms import compare_arms, load_arm
 from qa.files.comparison import StatsSettings, save_comparison
 from qa.report import render

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.records import write_records
+from evals.records.samples import write_records
 from qa.api import compare, gate
 from qa.files.policy import default_policy
 from qa.report import render

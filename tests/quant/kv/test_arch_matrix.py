@@ -14,15 +14,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from quant.calibrate import CalibrationSpec, calibrate
+from quant.scales.calibrate import CalibrationSpec, calibrate
 from quant.errors import QuantError
-from quant.formats import get_format
+from quant.formats.registry import get_format
 from quant.kv.cache import make_cache
 from quant.kv.layer import QuantizedKVLayer
 from quant.kv.plain import make_plain_cache
 from quant.kv.shape import model_kv_shape
-from quant.kv_spec import KVQuantSpec
-from quant.minifloat import e4m3_from_bytes
+from quant.kv.spec import KVQuantSpec
+from quant.formats.minifloat import e4m3_from_bytes
 from tests.tiny_models import TINY_FAMILIES, padded_ids, tiny_family, tiny_family_config
 
 torch.set_num_threads(1)
@@ -75,7 +75,7 @@ def test_format_none_is_bit_identical_to_transformers_cache(name: str) -> None:
 def _half_step_bound(q: Any, x: torch.Tensor, deq: torch.Tensor) -> torch.Tensor:
     """NVFP4's elementwise error bound for x [B, H, T, D] stored as q: half the largest E2M1 step (1 block
     scale s, in model units), or |x| - 6 s where a subnormal block scale rounded down; an underflowed block
-    holds |x| <= 6 * 2**-10 decode scales (tests/quant/test_nvfp4.py); plus one float32 ulp of each side."""
+    holds |x| <= 6 * 2**-10 decode scales (tests/quant/formats/test_nvfp4.py); plus one float32 ulp of each side."""
     d = q.scale.double()  # decode scale [B|1, 1|H, 1, 1]
     s = (e4m3_from_bytes(q.data["scales"]).double() * d).repeat_interleave(16, dim=-1)  # [B, H, T, D]
     bound = torch.maximum(torch.where(s == 0, 6 * 2.0**-10 * d, s), x.abs().double() - 6 * s)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from quant.ggml_blocks import hadamard, round_q8_0
+from quant.formats.ggml_blocks import hadamard, round_q8_0
 from quant.kv.attention import profile_attention
 from quant.kv.cache import make_cache
-from quant.kv_spec import kv_spec_from_dict
+from quant.kv.spec import kv_spec_from_dict
 from tests.tiny_models import tiny_llama, tiny_llama_config
 
 CONSTANT_1 = {"scales": "constant", "constant_scale": 1.0}

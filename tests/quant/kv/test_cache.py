@@ -7,9 +7,9 @@ import torch
 from transformers import LlamaConfig
 
 from quant.errors import QuantError
-from quant.formats import get_format
+from quant.formats.registry import get_format
 from quant.kv.cache import make_cache
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 from tests.tiny_models import TINY_LLAMA, padded_ids, plain_kv
 
 torch.set_num_threads(1)

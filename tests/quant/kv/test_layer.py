@@ -9,7 +9,7 @@ import torch
 from quant.errors import QuantError
 from quant.kv.cache import QuantizedKVCache, make_cache
 from quant.kv.layer import QuantizedKVLayer
-from quant.kv_spec import kv_spec_from_dict
+from quant.kv.spec import kv_spec_from_dict
 from tests.tiny_models import padded_ids
 
 torch.set_num_threads(1)
@@ -164,7 +164,7 @@ def test_joint_k_v_path_stores_exactly_what_separate_calls_store(llama, spec, mo
     {"format": "nvfp4", "scales": "constant", "constant_scale": 0.01, "recent_window": 3, "recent_format": "nvfp4"},
 ], ids=["no-window", "window-dynamic", "window-nvfp4-recent"])
 def test_compiled_round_trip_stores_exactly_what_eager_calls_store(llama, spec, monkeypatch):
-    from quant import compiled, nvfp4_fused
+    from quant.formats import compiled, nvfp4_fused
 
     calls = []
     real = nvfp4_fused.roundtrip

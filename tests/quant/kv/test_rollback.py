@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quant.formats import get_format
+from quant.formats.registry import get_format
 from quant.kv.cache import make_cache
 from quant.kv.qtensor import slice_tokens
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 from tests.tiny_models import tiny_llama_config
 
 HEADS, HEAD_DIM = 2, 32  # TINY_LLAMA's

@@ -9,7 +9,7 @@ from quant.errors import QuantError
 from quant.kv.cache import make_cache
 from quant.kv.plain import make_plain_cache
 from quant.kv.shape import model_kv_shape
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 from tests.tiny_models import tiny_gemma3_config, tiny_llama_config
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from evals.engines.hf.args import HFEngineArgs, parse_args
 from evals.errors import EngineError
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 
 
 def _error(args: dict) -> str:

@@ -66,7 +66,7 @@ def test_a_kv_specs_scales_file_is_read_once_per_engine_not_per_cache(tmp_path: 
 
     from evals.engines.hf import build
     from evals.models import ResolvedModel
-    from quant.scales import CalibrationData, KVScales, ScalesMeta
+    from quant.scales.files import CalibrationData, KVScales, ScalesMeta
     from tests.evals.hf_fixtures import save_tiny
 
     amax = torch.tensor([[4.0, 8.0], [1.0, 2.0]])  # [L=2, H=2]: the tiny model's layers and KV heads

@@ -8,7 +8,7 @@ import torch
 from evals.engines.base import Failure, TokenLogprobsRequest
 from evals.engines.hf.engine import HFEngine
 from evals.engines.hf.logprobs import shortest_floats
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 from tests.evals.hf_fixtures import PROMPTS
 
 

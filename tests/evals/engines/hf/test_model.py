@@ -15,7 +15,7 @@ from evals.engines.base import (
     TokenLogprobsRequest,
 )
 from evals.engines.hf.engine import HFEngine
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 from tests.evals.hf_fixtures import PROMPTS, tiny_engine
 
 

@@ -21,7 +21,7 @@ from evals.engines.base import (
 from evals.engines.hf.args import parse_args
 from evals.engines.hf.prefix_cache import chunk_bounds, common_prefix
 from evals.errors import EngineError
-from quant.kv_spec import KVQuantSpec
+from quant.kv.spec import KVQuantSpec
 from tests.evals.hf_fixtures import smollm2_or_skip, tiny_engine
 from tests.shared_data import shared_data_dir
 

@@ -18,12 +18,12 @@ import pytest
 from evals.engines import base as engine_base
 from evals.engines import build_engine
 from evals.engines.hf.tokens import HFTokens
-from evals.engines.vllm_args import CPU_KV_CACHE_BYTES
+from evals.engines.vllm.args import CPU_KV_CACHE_BYTES
 from evals.errors import EngineError
 from evals.models import ResolvedModel
-from evals.records import SampleRecord, read_records, sha256_text
-from evals.runner import run_task
-from evals.sampling import select_items
+from evals.records.samples import SampleRecord, read_records, sha256_text
+from evals.run.runner import run_task
+from evals.run.selection import select_items
 from evals.servers import LlamaCppServerSpec, LocalServer, VllmServerSpec, start_server, vllm_python
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions

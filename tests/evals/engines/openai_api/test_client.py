@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from evals.engines.base import Failure, GenerateRequest, GenerateResult
-from evals.records import read_records
-from evals.runner import run_task
+from evals.records.samples import read_records
+from evals.run.runner import run_task
 from evals.tasks.base import Item, Scored
 from tests.evals.engines.openai_api.fake_server import FakeServer, engine_at
 

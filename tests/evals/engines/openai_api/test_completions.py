@@ -17,7 +17,7 @@ from evals.engines.base import (
 )
 from evals.engines.openai_api.completions import EchoedPrompt, check_echo, parse_echo, token_id
 from evals.errors import EngineError
-from evals.records import TokenLogprobs
+from evals.records.samples import TokenLogprobs
 from tests.evals.engines.openai_api.fake_server import CharTokenizer, FakeServer, engine_at
 
 

@@ -1,0 +1,124 @@
+"""What vLLM + the qa_kv plugin can honour of a `kv = { ... }` spec, and the environment that switches it on.
+
+The plugin is inert unless `QA_VLLM_KV` holds a validated KVQuantSpec as JSON: an environment variable
+reaches every process vLLM starts (engine core, tensor/data-parallel workers, Ray workers inherit the
+driver's environment, `vllm serve` children). `QA_VLLM_KV_RECORD` names a folder where each process that
+loads the model writes what it rewrote (evals.engines.vllm.kv.record).
+
+Refused here, in one line, before any arm starts (`check_vllm_kv`): what vLLM's cache cannot do or the
+plugin does not model: the hf engine's FP8 recent window and prefix-cache keys (vLLM has its own prefix
+cache), engine profiles and fault hooks (the hf emulator's), a fresh-K/V prefill read, per-sequence
+dynamic decode scales for tensor-scaled formats (vLLM's cache blocks are shared between sequences, so a
+per-sequence scale has no meaning there: calibrate with `qa calibrate` or use scales = "constant"), and a
+real quantized kv_cache_dtype together with an emulated format (the emulated values would be quantized
+twice). Imports neither torch nor vllm.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from evals.errors import EngineError
+from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
+
+PLUGIN_ENV = "QA_VLLM_KV"  # the kv spec as JSON: the plugin rewrites K/V only when it is set
+RECORD_ENV = "QA_VLLM_KV_RECORD"  # a folder: each process writes what it rewrote at model load
+PLUGIN_NAME = "qa_kv"  # the entry point's name in the vllm.general_plugins group (pyproject.toml)
+# vLLM dtypes that store K/V at the model's own precision: the only ones the emulated values may go into
+UNQUANTIZED_DTYPES = frozenset({"auto", "bfloat16", "float16", "float32", "half", "float"})
+# formats with a per-tensor/per-head decode scale (quant.formats.registry: needs_tensor_scale); the others scale
+# themselves per block (mxfp4) or per row (int8, int4), so "dynamic" needs no per-sequence state for them
+TENSOR_SCALED = frozenset({"nvfp4", "nvfp4_4over6", "fp8_e4m3", "fp8_e5m2"})
+DEFAULTS = KVQuantSpec()
+
+
+def used_formats(spec: KVQuantSpec) -> set[str]:
+    """Every format some layer stores (besides "none")."""
+    return {spec.format, *spec.layer_formats.values()} - {"none"}
+
+
+def refusal(spec: KVQuantSpec, kv_cache_dtype: str = "auto") -> str | None:
+    """Why vLLM + the plugin cannot run `spec` (one clause), None when it can; see the module docstring."""
+    if spec.recent_window:
+        return ("recent_window: vLLM's cache stores one format per layer, so an FP8 recent window is the hf "
+                "engine's alone; set recent_window = 0 or run this arm on the hf engine")
+    if spec.prefix_cache is not None:
+        return ("prefix_cache is the hf engine's prefix cache; vLLM has its own: drop kv.prefix_cache and set "
+                "enable_prefix_caching (default on)")
+    if spec.profile is not None:
+        return (f"profile {spec.profile!r} models an attention kernel in the hf engine; the vLLM plugin rounds "
+                "only K and V: drop profile")
+    if not spec.prefill_reads_quantized:
+        return "prefill_reads_quantized = false: vLLM's attention reads what it wrote; drop it"
+    faults = [k for k in ("scale_multiplier", "v_scale_layout", "corrupt_block_fraction", "corrupt_seed")
+              if getattr(spec, k) != getattr(DEFAULTS, k)]
+    if faults:
+        return f"{faults[0]}: fault injection is the hf emulator's, not the vLLM plugin's; drop it"
+    scaled = sorted(used_formats(spec) & TENSOR_SCALED)
+    if spec.scales == "dynamic" and scaled:
+        return (f"scales = 'dynamic' with {scaled[0]}: vLLM shares cache blocks between sequences, so it has "
+                "no per-sequence scale; use scales = 'static' (qa calibrate) or 'constant'")
+    if used_formats(spec) and kv_cache_dtype not in UNQUANTIZED_DTYPES:
+        return (f"kv_cache_dtype {kv_cache_dtype!r} with an emulated {min(used_formats(spec))} cache: "
+                "the values would be quantized twice; leave kv_cache_dtype at auto")
+    return None
+
+
+def check_vllm_kv(spec: KVQuantSpec, kv_cache_dtype: str = "auto", *, where: str = "vllm") -> None:
+    """EngineError (one line) when vLLM + the plugin cannot run `spec` (`refusal`)."""
+    why = refusal(spec, kv_cache_dtype)
+    if why is not None:
+        raise EngineError(f"{where}: kv cache spec: {why}")
+
+
+def spec_json(spec: KVQuantSpec) -> str:
+    """The spec as the plugin reads it: compact JSON of what differs from the defaults, the format always
+    (a model folder as static + scales_file, as the spec dumps it)."""
+    given = {"format": spec.format, **spec.model_dump(mode="json", exclude_defaults=True)}
+    return json.dumps(given, separators=(",", ":"), sort_keys=True)
+
+
+def plugin_env(spec: KVQuantSpec, record_dir: Path | None = None) -> dict[str, str]:
+    """The variables that switch the plugin on for `spec` (and where it records what it rewrote)."""
+    env = {PLUGIN_ENV: spec_json(spec)}
+    if record_dir is not None:
+        env[RECORD_ENV] = str(record_dir)
+    return env
+
+
+def spec_from_env(env: Mapping[str, str]) -> KVQuantSpec | None:
+    """The spec the plugin runs (None: `QA_VLLM_KV` unset or empty: the plugin is off); EngineError when the
+    JSON is not a kv spec vLLM can run."""
+    raw = env.get(PLUGIN_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise EngineError(f"{PLUGIN_ENV}: not JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(data, dict):
+        raise EngineError(f"{PLUGIN_ENV}: a kv spec is a JSON object, got {type(data).__name__}")
+    try:
+        spec = kv_spec_from_dict(data)
+    except ValueError as exc:  # QuantError is a ValueError
+        raise EngineError(f"{PLUGIN_ENV}: {exc}") from None
+    check_vllm_kv(spec, where=PLUGIN_ENV)
+    return spec
+
+
+def describe(spec: KVQuantSpec) -> str:
+    """One line naming the emulated format, its scales and layer overrides (the dry run, the log)."""
+    parts = [f"format {spec.format}"]
+    if spec.layer_formats:
+        parts.append("layer_formats " + ", ".join(f"{k}={v}" for k, v in sorted(spec.layer_formats.items())))
+    if spec.skip_layers:
+        parts.append(f"skip_layers {list(spec.skip_layers)}")
+    scales = spec.scales
+    if spec.scales == "static":
+        scales += f" from {spec.scales_file}"
+    elif spec.scales == "constant":
+        scales += f" {spec.constant_scale}"
+    parts.append(f"scales {scales}")
+    return ", ".join(parts)

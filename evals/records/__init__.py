@@ -1,0 +1,3 @@
+"""What an arm leaves on disk: SampleRecord JSONL (samples), fingerprints, env.json (env), and the
+import of lm-eval samples and Inspect AI logs.
+"""

@@ -1,0 +1,72 @@
+"""torch.compile plumbing shared by the compiled KV-cache paths (`quant.formats.nvfp4_fused`, `quant.formats.fp8_fused`).
+
+Inputs are 2-D [rows, K]: K stays static so inductor emits plain vector loops, and the row count is
+marked dynamic so one compile serves every batch, head count and token count. The compiled paths are
+used for CPU tensors only (`enabled`); `QA_KV_COMPILED=0` turns them off. A compile or runtime
+failure (no C++ compiler, an unsupported op) logs one warning and turns them off for the process:
+the callers then take their eager path, which gives the same bytes and values.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+ENV = "QA_KV_COMPILED"  # "0" turns the compiled KV-cache paths off
+_failed: list[str] = []  # the first failure's message, once one happened
+
+
+# specializations per compiled function: one per (K, input dtype, output dtype, static argument). A
+# run needs one or two; a process that quantizes several head sizes and dtypes (the test suite) more
+# than dynamo's default 8, after which a fullgraph function raises instead of compiling again
+RECOMPILE_LIMIT = 64
+
+
+@functools.cache
+def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn compiled once per process (inductor also caches its code on disk across processes)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(fn, fullgraph=True)
+
+
+def rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """t [R, ...] as a compiled function's input with a dynamic row count (the size of `dim`)."""
+    # detach: a reshaped view would make dynamo guard on the sizes of its base tensor (one recompile
+    # per new base shape); the row count is a hint, so 0/1-row calls may still specialize
+    t = t.detach()
+    torch._dynamo.maybe_mark_dynamic(t, dim)
+    return t
+
+
+def per_row(scale: torch.Tensor, lead: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A scale of shape () or broadcastable to [..., 1] expanded to one value per row: float32 [R, 1]."""
+    return scale.to(device=device, dtype=torch.float32).expand(*lead, 1).reshape(-1, 1).contiguous()
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether a compiled path runs for x [..., K]: a CPU tensor with at least 2 rows, not switched
+    off with QA_KV_COMPILED=0, and no compiled call failed earlier in this process."""
+    return (
+        x.device.type == "cpu"
+        and x.dim() > 0
+        and x.numel() >= 2 * x.shape[-1]
+        and os.environ.get(ENV, "1") != "0"
+        and not _failed
+    )
+
+
+def call(fn: Callable[..., Any], what: str, *args: Any) -> Any | None:
+    """compiled(fn)(*args), or None after logging one warning when compiling or running it fails."""
+    try:
+        return compiled(fn)(*args)
+    except Exception as exc:  # noqa: BLE001 - any compiler or runtime failure: the caller goes eager
+        _failed.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+        log.warning("compiled %s KV path unavailable (%s); quantizing eagerly", what, _failed[0])
+        return None

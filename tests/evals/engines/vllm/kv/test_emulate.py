@@ -1,0 +1,124 @@
+"""The vLLM plugin's K/V rewrite (evals.engines.vllm.kv.emulate) against the hf engine's emulated cache:
+the same spec and scales give the same values bit for bit, on vLLM's [T, H, D] layout; no vllm needed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from evals.engines.vllm.kv.emulate import layer_plan, rewrite, rewrite_pair
+from quant.errors import QuantError
+from quant.formats.registry import get_format
+from quant.kv.cache import check_named_layers, check_scales_fit, make_cache
+from quant.kv.spec import KVQuantSpec
+from quant.scales.files import CalibrationData, KVScales, ScalesMeta
+
+LAYERS, HEADS, HEAD_DIM, TOKENS = 3, 2, 32, 7
+
+
+def _config() -> LlamaConfig:
+    return LlamaConfig(num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=HEADS,
+                       hidden_size=4 * HEAD_DIM, head_dim=HEAD_DIM, intermediate_size=64, vocab_size=64)
+
+
+def _scales(granularity: str) -> KVScales:
+    k = torch.tensor([[1.0, 3.0], [2.0, 0.5], [8.0, 4.0]])  # calibrated amax [L, H]
+    v = torch.tensor([[0.25, 0.5], [6.0, 1.0], [2.0, 2.0]])
+    if granularity == "tensor":
+        k, v = k.amax(-1), v.amax(-1)
+    meta = ScalesMeta(format="nvfp4", convention="decode", observer="absmax", granularity=granularity,
+                      num_layers=LAYERS, num_kv_heads=HEADS, model="m",
+                      data=CalibrationData(name="d", sha256="0", n_samples=1, seq_len=8), seed=0)
+    fmt = get_format("nvfp4")
+    return KVScales(k_amax=k, v_amax=v, k_scale=fmt.decode_scale_from_amax(k),
+                    v_scale=fmt.decode_scale_from_amax(v), meta=meta)
+
+
+SPECS = [
+    ({"format": "nvfp4", "scales": "static"}, "tensor"),
+    ({"format": "nvfp4", "scales": "static"}, "head"),
+    ({"format": "fp8_e4m3", "scales": "constant", "constant_scale": 0.01}, None),
+    ({"format": "fp8_e5m2", "scales": "constant", "constant_scale": 1.0}, None),
+    ({"format": "nvfp4_4over6", "scales": "constant", "constant_scale": 0.002}, None),
+    ({"format": "mxfp4"}, None),
+    ({"format": "int8"}, None),
+    ({"format": "int4", "layer_formats": {1: "mxfp4"}, "skip_layers": [2]}, None),
+]
+
+
+@pytest.mark.parametrize(("given", "granularity"), SPECS)
+def test_rewrite_equals_the_hf_emulated_cache_bit_for_bit(given, granularity):
+    spec = KVQuantSpec.model_validate(given)
+    scales = _scales(granularity) if granularity else None
+    cache = make_cache(_config(), spec, scales)
+    gen = torch.Generator().manual_seed(0)
+    for layer in range(LAYERS):
+        k = (torch.randn(1, HEADS, TOKENS, HEAD_DIM, generator=gen) * 3).to(torch.bfloat16)  # hf: [B, H, T, D]
+        v = (torch.randn(1, HEADS, TOKENS, HEAD_DIM, generator=gen) * 2).to(torch.bfloat16)
+        hf_k, hf_v = cache.update(k, v, layer)
+        plan = layer_plan(spec, scales, layer)
+        ours_k = rewrite(plan, k[0].transpose(0, 1).contiguous(), "k")  # vLLM: [T, H, D]
+        ours_v = rewrite(plan, v[0].transpose(0, 1).contiguous(), "v")
+        for t in (TOKENS, 1):  # K and V in one call (prefill, then a decode step's single token)
+            pair_k, pair_v = rewrite_pair(plan, k[0, :, -t:].transpose(0, 1), v[0, :, -t:].transpose(0, 1))
+            assert torch.equal(pair_k, ours_k[-t:]) and torch.equal(pair_v, ours_v[-t:])
+        assert ours_k.dtype == torch.bfloat16
+        assert torch.equal(ours_k, hf_k[0].transpose(0, 1))
+        assert torch.equal(ours_v, hf_v[0].transpose(0, 1))
+        assert plan.identity == (spec.layer_format(layer) == "none")
+        if not plan.identity:
+            assert not torch.equal(ours_k, k[0].transpose(0, 1))  # something was rounded
+
+
+def test_mla_layers_share_one_static_scale_from_the_larger_amax():
+    spec = KVQuantSpec(format="nvfp4", scales="static")
+    plan = layer_plan(spec, _scales("tensor"), 1, mla=True)
+    want = get_format("nvfp4").decode_scale_from_amax(torch.tensor(6.0))  # max(k 2.0, v 6.0)
+    assert torch.equal(plan.k_scale, want) and torch.equal(plan.v_scale, want)
+    kv_c = torch.randn(5, 512, dtype=torch.bfloat16)  # vLLM's latent [T, Dc] and rope key [T, 1, Dr]
+    k_pe = torch.randn(5, 1, 64, dtype=torch.bfloat16)
+    fmt = get_format("nvfp4")
+    assert torch.equal(rewrite(plan, kv_c, "k"), fmt.dequantize(fmt.quantize(kv_c, want), torch.bfloat16))
+    assert torch.equal(rewrite(plan, k_pe, "v"), fmt.dequantize(fmt.quantize(k_pe, want), torch.bfloat16))
+
+
+def test_scales_and_layer_names_that_do_not_fit_the_model_are_refused():
+    with pytest.raises(QuantError, match="covers 3 layers, the model has 4"):
+        check_scales_fit(_scales("tensor"), 4, HEADS)
+    with pytest.raises(QuantError, match="2 KV heads per layer, the model has 1"):
+        check_scales_fit(_scales("head"), LAYERS, 1)
+    with pytest.raises(QuantError, match="names layer 5, but the model has 3"):
+        check_named_layers(KVQuantSpec(format="int8", skip_layers=(5,)), LAYERS)
+    with pytest.raises(QuantError, match="static or constant"):
+        layer_plan(KVQuantSpec(format="nvfp4"), None, 0)
+
+
+def test_scales_move_to_the_layers_device_once_not_per_call():
+    plan = layer_plan(KVQuantSpec(format="nvfp4", scales="static"), _scales("head"), 2)
+    meta = torch.device("meta")  # a second device on any machine: tensors without storage
+    moved = plan.to(meta)  # what the plugin installs: the scales already where the layer is
+    assert moved.k_scale.device == meta and moved.v_scale.device == meta
+    assert moved.scale("k", meta) is moved.k_scale  # on its own device: the installed tensor, no copy
+    assert plan.k_scale.device.type == "cpu"  # the plan it came from is left as it was
+    first = plan.scale("v", meta)  # a call on another device copies once ...
+    assert first.device == meta and first.shape == plan.v_scale.shape
+    assert plan.scale("v", meta) is first  # ... and every later call gets that copy
+    assert plan.scale("v", torch.device("cpu")) is plan.v_scale
+    x = torch.randn(TOKENS, HEADS, HEAD_DIM)
+    assert torch.equal(rewrite(plan.to(torch.device("cpu")), x, "k"), rewrite(plan, x, "k"))
+
+
+def test_formats_with_a_values_only_loop_rewrite_k_and_v_in_one_call(monkeypatch):
+    calls = []
+    plan = layer_plan(KVQuantSpec(format="nvfp4", scales="static"), _scales("head"), 1)
+    fast = plan._fast["pair"]
+    monkeypatch.setitem(plan._fast, "pair", lambda x, dtype, dim: calls.append(x.shape) or fast(x, dtype, dim))
+    k, v = torch.randn(1, HEADS, HEAD_DIM), torch.randn(1, HEADS, HEAD_DIM)
+    rewrite_pair(plan, k, v)
+    assert calls == [torch.Size([2, 1, HEADS, HEAD_DIM])]  # one call on K and V stacked
+    for given in ({"format": "fp8_e4m3", "scales": "constant", "constant_scale": 0.01}, {"format": "nvfp4",
+                                                                                         "scales": "static"}):
+        assert set(layer_plan(KVQuantSpec.model_validate(given), _scales("tensor"), 0)._fast) == {"k", "v", "pair"}
+    for given in ({"format": "mxfp4"}, {"format": "nvfp4_4over6", "scales": "constant", "constant_scale": 0.002}):
+        assert layer_plan(KVQuantSpec.model_validate(given), None, 0)._fast == {}  # quantize_dequantize
