@@ -29,7 +29,7 @@ from qa.pipeline import stages
 from qa.pipeline.dry_run import PlannedArm
 from qa.pipeline.dry_run import dry_run as planned_arms
 from qa.pipeline.resolve import resolve_run
-from qa.pipeline.resolved import ResolvedRun
+from qa.pipeline.resolved_run import ResolvedRun
 from qa.plan.power import PlanOptions, RunPlan
 from qa.report import ReportPaths
 from qa.steps import Arms, Progress, candidate_names, compare_folders, gate_folder, report_folder, run_policy

@@ -5,7 +5,7 @@ exactly the decision `qa run` made.
 A run with several candidates keeps each candidate's comparison, verdict and report in candidates/<name>/
 (the same steps, one folder each); `gate_candidates` and `report_candidates` add the run-level verdict.json,
 junit.xml, summary.md and the matrix report. Which layout a folder has, and which policy it was gated under,
-comes from its resolved.json (qa.files.resolved); a folder older than that file falls back to its spec.toml.
+comes from its resolved.json (qa.files.resolved_json); a folder older than that file falls back to its spec.toml.
 """
 
 from __future__ import annotations

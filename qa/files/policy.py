@@ -79,7 +79,7 @@ class TaskPolicy(BaseModel):
     reference_kl_margin: float = Field(default=0.25, gt=0)  # nats/token: largest tolerated mean KL
     # (issue 15, cache path: fields below this line)
     gate_cache_path: bool = True  # the cache-path rules of a sessions task decide (else they are only reported)
-    # which decide (qa.gate.cache_path): "warm_path" the candidate's warm path against the baseline's cold
+    # which decide (qa.gate.serving): "warm_path" the candidate's warm path against the baseline's cold
     # path, drift reported beside it; "drift" also the warm/cold drift (hit rate, excess flips, KL)
     cache_gate: Literal["warm_path", "drift"] = "warm_path"
     cache_kl_margin: float = Field(default=0.01, gt=0)  # nats/token: tolerated excess of KL(cold || warm) over the baseline's

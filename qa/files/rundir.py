@@ -1,7 +1,7 @@
 """The run directory: `RunDir` owns every path in it and loads/saves each file with its model.
 
     <run>/spec.toml                 the spec, every default written out (RunSpec)
-    <run>/resolved.json             what `qa run` resolved from it (qa.files.resolved.ResolvedRecord)
+    <run>/resolved.json             what `qa run` resolved from it (qa.files.resolved_json.ResolvedRecord)
     <run>/policy.toml               the bytes of the gate policy it resolved (sha256 in resolved.json)
     <run>/env.json                  versions, git sha, hardware, model and data hashes
     <run>/calibration/kv_scales.*   static KV scales (safetensors + JSON sidecar)
@@ -31,7 +31,7 @@ from evals.provenance.server_log import server_log_path
 from qa.errors import PolicyError, SpecError
 from qa.files.comparison import Comparison, load_comparison, save_comparison
 from qa.files.policy import Policy, parse_policy, resolve_policy
-from qa.files.resolved import ResolvedRecord, load_resolved, save_resolved, text_sha256
+from qa.files.resolved_json import ResolvedRecord, load_resolved, save_resolved, text_sha256
 from qa.files.spec import RunSpec, dump_spec, parse_spec
 from qa.files.verdict import (
     RunVerdict,
@@ -74,7 +74,7 @@ class RunDir:
 
     @property
     def resolved(self) -> Path:
-        """resolved.json: what `qa run` resolved from the spec (qa.files.resolved)."""
+        """resolved.json: what `qa run` resolved from the spec (qa.files.resolved_json)."""
         return self.top / RESOLVED_FILE
 
     @property

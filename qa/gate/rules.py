@@ -35,7 +35,7 @@ from qa.errors import PolicyError
 from qa.files.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
 from qa.files.policy import AUTO_METRICS, Policy, TaskPolicy
 from qa.files.verdict import RuleResult, Status, TaskVerdict, Verdict
-from qa.gate.cache_path import with_cache_path
+from qa.gate.serving import with_cache_path
 from qa.gate.margin import interval_status
 from qa.gate.reference import with_reference
 from qa.stats.intervals import delta_interval, p_below

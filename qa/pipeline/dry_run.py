@@ -6,7 +6,7 @@ start shown as PORT_SHOWN), its own environment (secrets redacted), and the note
 vLLM's own check said, what could not be checked on this machine). An arm whose K/V format is emulated
 inside vLLM (a `kv` table on a vllm arm or a vLLM server) shows how the qa_kv plugin is switched on: the
 variables set for vLLM (beside a server's exact command line, as its prefix) and what they ask for. The tasks and the power plan are the
-resolved run's own (qa.pipeline.resolved, qa.plan.power).
+resolved run's own (qa.pipeline.resolved_run, qa.plan.power).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from evals.engines.vllm.kv.spec import describe, plugin_env
 from evals.records.env import redact_env
 from evals.servers import VllmServerSpec, kv_plugin_env, llamacpp_command, vllm_server_command
 from qa.pipeline.preflight import Preflight, offline_kwargs
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 from quant.kv.spec import kv_spec_from_dict
 
 PORT_SHOWN = "<free port>"  # a server's port is picked when it starts

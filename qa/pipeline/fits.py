@@ -20,7 +20,7 @@ from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import ModelError, one_line
 from evals.models import read_model_config, resolve_model
 from evals.servers import LlamaCppServerSpec, VllmServerSpec
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from evals.engines.vllm.args import VllmEngineArgs, check_offline_flags, engine_
 from evals.engines.vllm.check import ArmCheck, check_with_vllm
 from evals.errors import EngineError
 from evals.servers import VllmServerSpec, kv_plugin_env, vllm_server_command
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun, arm_tasks
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, arm_tasks
 from qa.pipeline.scale_fit import fit_scale_folders
 from quant.fileio import scales_paths
 from quant.formats.catalog import FORMAT_NAMES, unknown_format

@@ -16,7 +16,7 @@ from pathlib import Path
 from evals.offline import offline_env
 from evals.run.progress import MODE_ENV, progress_mode
 from qa.errors import QAError
-from qa.files.resolved import ArmRecord
+from qa.files.resolved_json import ArmRecord
 
 WORKER_MODULE = "qa.pipeline.worker"
 RESUME_HINT = "finished samples are kept: re-run the same command to resume"

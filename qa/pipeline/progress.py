@@ -5,8 +5,8 @@ first arm the run's length at its rate. Each arm's own progress lines or bars: e
 from __future__ import annotations
 
 from evals.run.progress import RUN_ENV, clock
-from qa.files.resolved import ArmRecord
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun
+from qa.files.resolved_json import ArmRecord
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 
 
 def running_arms(run: ResolvedRun) -> list[ResolvedArm]:

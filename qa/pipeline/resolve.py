@@ -1,4 +1,4 @@
-"""Resolve a spec once: `resolve_run(spec, run_dir, ...) -> ResolvedRun` (qa.pipeline.resolved).
+"""Resolve a spec once: `resolve_run(spec, run_dir, ...) -> ResolvedRun` (qa.pipeline.resolved_run).
 
 Everything a run names is looked up here and nowhere else: the policy file (with its path and text), each
 task built once with its options, every item it reads and the seeded selection every arm runs (plus the
@@ -27,7 +27,7 @@ from evals.servers import LlamaCppServerSpec, VllmServerSpec, check_cache_type, 
 from evals.tasks import get_task, supports_chat
 from evals.tasks.base import DEFAULT_THINK_TAGS, TaskOptions
 from qa.files.policy import Policy, parse_policy, policy_path, policy_text
-from qa.files.resolved import (
+from qa.files.resolved_json import (
     ArmKind,
     ArmRecord,
     CalibrationRecord,
@@ -39,7 +39,7 @@ from qa.files.resolved import (
 )
 from qa.files.rundir import RunDir
 from qa.files.spec import FIXED_ROLES, ArmSpec, ChatSettings, RunSpec, TaskSpec
-from qa.pipeline.resolved import (
+from qa.pipeline.resolved_run import (
     OPTIONS,
     ResolvedArm,
     ResolvedPolicy,

@@ -14,7 +14,7 @@ from evals.run.arm import ARM_FILE, ArmManifest, BuiltTask, arm_manifest
 from evals.errors import EvalError
 from evals.models import resolve_model
 from evals.records.samples import read_records
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun, ResolvedTask
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, ResolvedTask
 
 
 def arm_matches(run: ResolvedRun, arm: ResolvedArm) -> bool:

@@ -29,7 +29,7 @@ from evals.errors import ModelError
 from evals.models import ResolvedModel, load_model
 from evals.provenance.scale_fits import save_observed
 from evals.servers import VllmServerSpec
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 from quant.errors import QuantError
 from quant.scales.folder import ObservedAmax, ResolvedScales, read_folder_scales, resolve_folder_scales
 from quant.kv.spec import KVQuantSpec, kv_spec_from_dict

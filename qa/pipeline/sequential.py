@@ -39,7 +39,7 @@ from qa.files.rundir import RunDir
 from qa.gate.rules import select_estimate
 from qa.gate.sequential import look_decision, sequential_task
 from qa.pipeline.processes import RESUME_HINT, start_arm_worker
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun, ResolvedTask
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, ResolvedTask
 from qa.pipeline.resume import arm_matches, on_disk
 
 CLOSE_TIMEOUT_S = 120.0  # a worker asked to close gets this long to close its engine and server

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from evals.engines.vllm.kv.record import checked_record, expected_loads, records_from_log
 from evals.servers import VllmServerSpec, start_server
-from qa.files.resolved import ArmRecord
+from qa.files.resolved_json import ArmRecord
 from qa.files.rundir import RunDir
-from qa.pipeline.resolved import server_spec
+from qa.pipeline.resolved_run import server_spec
 
 
 def check_plugin_ran(spec: VllmServerSpec, log: Path, start: int = 0) -> None:

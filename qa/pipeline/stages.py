@@ -29,7 +29,7 @@ from qa.pipeline.fits import check_items_fit
 from qa.pipeline.preflight import Preflight, preflight
 from qa.pipeline.processes import run_arm_process, run_step
 from qa.pipeline.progress import estimate_env, length_estimate, planned_lines, running_arms
-from qa.pipeline.resolved import ResolvedArm, ResolvedRun
+from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 from qa.pipeline.resume import arm_complete
 from qa.pipeline.sequential import run_sequential
 from qa.plan.power import PlanOptions, RunPlan, announce_plan, plan_run

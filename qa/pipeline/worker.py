@@ -2,7 +2,7 @@
 
     python -m qa.pipeline.worker RUN_DIR {ARM_NAME|calibrate|kv-inspect} [--serve]
 
-Reads only RUN_DIR/resolved.json (what the parent resolved, qa.files.resolved) and, for its step, the
+Reads only RUN_DIR/resolved.json (what the parent resolved, qa.files.resolved_json) and, for its step, the
 calibration/ folder; writes only its own part: records/<arm>/, calibration/ (the scales and, when a vLLM
 candidate is fed by them, the model folder carrying them), or the kv_inspect.json of each emulated-cache
 candidate that has none. `--serve` keeps an arm's engine and runs the blocks of a sequential run sent on
@@ -27,10 +27,10 @@ from evals.engines.hf.args import HFEngineArgs
 from evals.models import load_model, resolve_model
 from evals.run.progress import ARMS_ENV
 from qa.errors import USER_ERRORS, SpecError
-from qa.files.resolved import ArmRecord, ResolvedRecord
+from qa.files.resolved_json import ArmRecord, ResolvedRecord
 from qa.files.rundir import RunDir
 from qa.logs import quiet_third_party_logs
-from qa.pipeline.resolved import arm_config, arm_tasks
+from qa.pipeline.resolved_run import arm_config, arm_tasks
 from qa.pipeline.servers import arm_server
 from quant.fileio import scales_paths
 

@@ -71,7 +71,7 @@ class PlanOptions:
 
 
 class CountedTask(Protocol):
-    """A task as a run runs it (qa.pipeline.resolved.ResolvedTask is one): items after the limit, repeats,
+    """A task as a run runs it (qa.pipeline.resolved_run.ResolvedTask is one): items after the limit, repeats,
     whether it samples."""
 
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
-from qa.report.cache_path import html_section as cache_path_section
+from qa.report.serving import html_section as cache_path_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.figures import Figures
 from qa.report.gather import ReportInputs, gated_estimate

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from qa.gate.summary import STATUS_MARK
 from qa.report import rows
-from qa.report.cache_path import markdown_section as cache_path_section
+from qa.report.serving import markdown_section as cache_path_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.gather import ReportInputs, gated_estimate
 from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance, truncation_notes

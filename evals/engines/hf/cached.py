@@ -6,7 +6,7 @@ counts in the result (GenerateResult.prompt_tokens / cached_tokens).
 Generation decodes in the continuous-batching decoder (`evals.engines.hf.decode`), whose prefill is
 this prefix cache's; a model with sliding-window layers (whose caches have no row operations) decodes
 each request alone after its prefill (`decode_alone`), in the warm and the cold path alike. Log-likelihood requests are not served from it (they keep the few-shot prefix of
-`evals.engines.hf.prefix`).
+`evals.engines.hf.shared_prefix`).
 """
 
 from __future__ import annotations

@@ -15,13 +15,13 @@ import torch
 
 from evals.engines import base
 from evals.engines.hf.args import HFEngineArgs
-from evals.engines.hf.batch import generate_batch
-from evals.engines.hf.batching import chunks, guarded, token_budget
+from evals.engines.hf.fixed_batch import generate_batch
+from evals.engines.hf.request_batches import chunks, guarded, token_budget
 from evals.engines.hf.cached import cached_generate, cached_token_logprobs
 from evals.engines.hf.decode import Member, generate_stream
 from evals.engines.hf.logprobs import token_logprobs
 from evals.engines.hf.model import HFModel
-from evals.engines.hf.prefix import PrefixKV, PrefixStore
+from evals.engines.hf.shared_prefix import PrefixKV, PrefixStore
 from evals.engines.hf.prefix_cache import prefix_cache_for
 from evals.engines.hf.score import loglikelihood
 from evals.errors import EngineError

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 import qa.pipeline.stages
-from qa.files.resolved import ArmRecord
+from qa.files.resolved_json import ArmRecord
 
 
 @pytest.fixture

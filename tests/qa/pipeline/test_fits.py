@@ -15,7 +15,7 @@ from evals.errors import EvalError
 from qa.files.spec import parse_spec
 from qa.pipeline.fits import arm_limit, check_items_fit
 from qa.pipeline.resolve import resolve_run
-from qa.pipeline.resolved import ResolvedRun
+from qa.pipeline.resolved_run import ResolvedRun
 from tests.shared_data import shared_data_dir
 
 HEAD = 'name = "fits"\nmodel = "smollm2-135m"\nseed = 1\n'

@@ -14,12 +14,12 @@ from evals import data
 from evals.run.arm import arm_manifest
 from evals.models import resolve_model
 from evals.run.selection import select_items
-from qa.files.resolved import ResolvedRecord, text_sha256
+from qa.files.resolved_json import ResolvedRecord, text_sha256
 from qa.files.spec import ChatSettings, TaskSpec, parse_spec
 from qa.pipeline.dry_run import dry_run
 from qa.pipeline.preflight import preflight
 from qa.pipeline.resolve import resolve_run, task_options
-from qa.pipeline.resolved import ResolvedRun, arm_config, arm_tasks
+from qa.pipeline.resolved_run import ResolvedRun, arm_config, arm_tasks
 from qa.plan.power import plan_run
 from tests.shared_data import shared_data_dir
 

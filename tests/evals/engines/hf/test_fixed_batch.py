@@ -4,7 +4,7 @@ left-padded prompts, finished rows leave the batch, same results as continuous b
 from __future__ import annotations
 
 from evals.engines.base import GenerateRequest, GenerateResult
-from evals.engines.hf.batch import generate_batch
+from evals.engines.hf.fixed_batch import generate_batch
 from tests.evals.hf_fixtures import PROMPTS, reference_greedy, tiny_engine
 
 

@@ -1,8 +1,8 @@
-"""The report's "Cache path" section (comparison.json `cache_path`, qa.compare.cache_path): per sessions
+"""The report's "Cache path" section (comparison.json `cache_path`, qa.compare.serving): per sessions
 task, each arm's warm path against its own cold path (prefix-cache hit rate, identical outputs, first
 divergence, KL(cold || warm), flips), per turn depth, the shuffled batch-history A/A floor, the
 candidate next to the baseline (excess flips, KL difference, warm accuracy vs the baseline's cold path)
-and the gate's cache-path rules (qa.gate.cache_path)."""
+and the gate's cache-path rules (qa.gate.serving)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 
 from evals.engines.base import GenerateRequest, LoglikelihoodRequest, LoglikelihoodResult
 from evals.engines.hf.engine import HFEngine
-from evals.engines.hf.prefix import MAX_PREFIXES
+from evals.engines.hf.shared_prefix import MAX_PREFIXES
 from tests.evals.hf_fixtures import tiny_engine
 
 PREFIX = "Question: what is 2 + 3? Answer: 5.\n\nQuestion: what is 1 + 1? Answer: 2.\n\n"

@@ -24,7 +24,7 @@ from evals.servers import LlamaCppServerSpec, VllmServerSpec
 from evals.tasks.base import Item, Request, ServedInSessions, Task, TaskOptions
 from qa.errors import QAError
 from qa.files.policy import Policy, TaskPolicy
-from qa.files.resolved import ArmRecord, ResolvedRecord, TaskRecord
+from qa.files.resolved_json import ArmRecord, ResolvedRecord, TaskRecord
 from qa.files.rundir import RunDir
 from qa.files.spec import RunSpec, TaskSpec
 from quant.kv.spec import KVQuantSpec
@@ -113,7 +113,7 @@ class ResolvedTask:
     @property
     def gated_items(self) -> int:
         """Items the gated estimate pairs (the power plan's n): a session task's turns on one cache path, cold
-        if served (qa.compare.cache_path.standard_records: its other paths serve them again), else every item."""
+        if served (qa.compare.serving.standard_records: its other paths serve them again), else every item."""
         if not isinstance(self.task, ServedInSessions):
             return self.n_items
         names = self.task.path_names()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qa.files.resolved import RUN_MARK, ResolvedRecord, load_resolved, save_resolved
+from qa.files.resolved_json import RUN_MARK, ResolvedRecord, load_resolved, save_resolved
 
 ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = ROOT / "reports" / "main_job" / "resolved.json"

@@ -1,6 +1,6 @@
 """resolved.json: what `qa run` resolved from the spec, once, before any arm started.
 
-The parent process resolves the spec into a `qa.pipeline.resolved.ResolvedRun` (policy, tasks with their item
+The parent process resolves the spec into a `qa.pipeline.resolved_run.ResolvedRun` (policy, tasks with their item
 selections, arms with their engines, servers and interpreters) and writes this record of it into the run
 directory. Every later step reads the record instead of the spec: a worker builds its arm from it, and
 `qa gate RUN` / `qa report RUN` / the API re-gate under the policy it names from any working directory
