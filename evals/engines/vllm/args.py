@@ -78,12 +78,31 @@ def check_flag_names(args: VllmEngineArgs, known: Sequence[str]) -> None:
             raise EngineError(f"unknown vllm engine argument {key!r}; {hint}")
 
 
-def world_size(flags: Mapping[str, VllmFlag]) -> int:
-    """GPUs (or CPU workers) one engine uses: tensor x pipeline x data parallel sizes."""
+# vLLM's parallel sizes whose product is the number of processes that each load the model (vLLM 0.32
+# config/parallel.py ParallelConfig: world_size = pp x tp x pcp, world_size_across_dp = world_size x dp);
+# expert parallelism and decode context parallelism reuse those ranks and add no process
+PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size",
+                  "data_parallel_size")
+
+
+def parallel_size(flags: Mapping[str, object], name: str) -> int:
+    """One parallel size from engine / server flags (`name` or its dashed CLI spelling; vLLM's default 1);
+    EngineError unless it is a positive whole number."""
+    value = flags.get(name, flags.get(name.replace("_", "-"), 1))
+    if isinstance(value, bool) or not isinstance(value, int | float | str) or not str(value).strip().isdigit():
+        raise EngineError(f"{name} = {value!r}: a parallel size is a positive whole number")
+    size = int(str(value).strip())
+    if size < 1:
+        raise EngineError(f"{name} = {size}: a parallel size is at least 1")
+    return size
+
+
+def world_size(flags: Mapping[str, object]) -> int:
+    """Processes (GPUs, or CPU workers) that each load the model for one engine or server: the product of
+    PARALLEL_SIZES across data-parallel ranks."""
     size = 1
-    for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        value = flags.get(key, 1)
-        size *= int(value) if isinstance(value, int | float | str) else 1
+    for name in PARALLEL_SIZES:
+        size *= parallel_size(flags, name)
     return size
 
 

@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from evals.engines.vllm.args import parallel_size, world_size
 from evals.errors import EngineError
 from evals.provenance.record import KVProvenance, LayerScales, ProvenanceSource, ScalesOrigin
 from quant.scales.conventions import VLLM_FOLDER_FORMATS
@@ -31,11 +32,6 @@ from quant.kv.spec import KVQuantSpec
 RECORD_SCHEMA = 1
 LOG_PREFIX = "qa_kv plugin record: "  # the log line that carries a PluginRecord as JSON
 LayerKind = Literal["attention", "mla"]
-# vLLM's parallel sizes whose product is the number of processes that each load the model (vLLM 0.32
-# config/parallel.py ParallelConfig: world_size = pp x tp x pcp, world_size_across_dp = world_size x dp);
-# expert parallelism and decode context parallelism reuse those ranks and add no process
-PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size",
-                  "data_parallel_size")
 EXTERNAL_LAUNCHER = "external_launcher"  # torchrun-style: each process runs its own LLM for one rank
 NO_RECORD_HINT = ("vLLM ran without it (is it installed in vLLM's interpreter, `pip install --no-deps -e .`, and "
                   "not left out by VLLM_PLUGINS?)")
@@ -118,27 +114,13 @@ class ExpectedLoads:
     stages: int
 
 
-def _size(flags: Mapping[str, object], name: str) -> int:
-    """One parallel size from engine / server flags (`name` or its dashed CLI spelling; vLLM's default 1)."""
-    value = flags.get(name, flags.get(name.replace("_", "-"), 1))
-    if isinstance(value, bool) or not isinstance(value, int | float | str) or not str(value).strip().isdigit():
-        raise EngineError(f"{name} = {value!r}: a parallel size is a positive whole number")
-    size = int(str(value).strip())
-    if size < 1:
-        raise EngineError(f"{name} = {size}: a parallel size is at least 1")
-    return size
-
-
 def expected_loads(flags: Mapping[str, object]) -> ExpectedLoads:
     """The model loads one engine or server makes, from its flags (`vllm.LLM` keywords or a server's args):
-    tensor x pipeline x prefill-context x data parallel sizes, each 1 unless set; under vLLM's
+    evals.engines.vllm.args.world_size (tensor x pipeline x prefill-context x data parallel); under vLLM's
     external_launcher each process runs its own engine for one rank, so one load per record folder."""
     if flags.get("distributed_executor_backend") == EXTERNAL_LAUNCHER:
         return ExpectedLoads(processes=1, stages=1)
-    processes = 1
-    for name in PARALLEL_SIZES:
-        processes *= _size(flags, name)
-    return ExpectedLoads(processes=processes, stages=_size(flags, "pipeline_parallel_size"))
+    return ExpectedLoads(processes=world_size(flags), stages=parallel_size(flags, "pipeline_parallel_size"))
 
 
 def _summary(record: PluginRecord) -> str:
