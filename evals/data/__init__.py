@@ -14,7 +14,7 @@ from pathlib import Path
 from evals.data.files import DATA_DIR_ENV, resolve_data_dir
 from evals.data.gpqa import read_gpqa
 from evals.data.hub import load_hub
-from evals.data.integrity import Check, data_file_hashes, verify
+from evals.data.integrity import DataCheck, data_file_hashes, verify
 from evals.data.registry import DATA_NOTES, DATASETS, MMLU_SUBJECTS, data_files, get_spec
 from evals.data.spec import DatasetSpec, Row
 from evals.errors import DataError
@@ -25,7 +25,7 @@ __all__ = [
     "DATA_DIR_ENV",
     "DATA_NOTES",
     "MMLU_SUBJECTS",
-    "Check",
+    "DataCheck",
     "DatasetSpec",
     "Row",
     "data_file_hashes",

@@ -17,8 +17,8 @@ MANIFEST_FILE = "manifest.json"
 
 
 @dataclass(frozen=True)
-class Check:
-    """One verification result: a split's item count, or a file's sha256 against manifest.json."""
+class DataCheck:
+    """One result of `qa data verify`: a split's item count, or a file's sha256 against manifest.json."""
 
     dataset: str
     subject: str  # "split <name>" or a file path relative to the data dir
@@ -51,32 +51,33 @@ def manifest_hashes(data_dir: Path) -> dict[str, str]:
         raise DataError(f"{path}: expected {{'datasets': [{{'files': [{{'file', 'sha256'}}]}}]}}") from None
 
 
-def _file_check(name: str, rel: str, data_dir: Path, expected: dict[str, str]) -> Check:
+def _file_check(name: str, rel: str, data_dir: Path, expected: dict[str, str]) -> DataCheck:
     """One file of dataset `name` against its manifest.json entry (when there is one)."""
     path = Path(data_dir) / rel
     if not path.is_file():
-        return Check(name, rel, False, "missing")
+        return DataCheck(name, rel, False, "missing")
     if rel not in expected:
-        return Check(name, rel, True, "present (no manifest.json entry to compare)")
+        return DataCheck(name, rel, True, "present (no manifest.json entry to compare)")
     digest = sha256_file(path)
     if digest == expected[rel]:
-        return Check(name, rel, True, "sha256 matches manifest.json")
-    return Check(name, rel, False, f"sha256 {digest[:12]}... differs from manifest.json {expected[rel][:12]}...")
+        return DataCheck(name, rel, True, "sha256 matches manifest.json")
+    return DataCheck(name, rel, False,
+                     f"sha256 {digest[:12]}... differs from manifest.json {expected[rel][:12]}...")
 
 
-def verify(data_dir: Path, names: Iterable[str] | None = None) -> list[Check]:
+def verify(data_dir: Path, names: Iterable[str] | None = None) -> list[DataCheck]:
     """Load every split of the named datasets (default: all) and check counts and shapes, then
     compare each file's sha256 with manifest.json when the data dir has one."""
     names = list(DATASETS) if names is None else list(names)
     expected = manifest_hashes(data_dir)
-    checks: list[Check] = []
+    checks: list[DataCheck] = []
     for name in names:
         spec = get_spec(name)
         for split, part in spec.splits.items():
             try:
                 n = len(part.read(Path(data_dir), part))
-                checks.append(Check(name, f"split {split}", True, f"{n} items"))
+                checks.append(DataCheck(name, f"split {split}", True, f"{n} items"))
             except DataError as exc:
-                checks.append(Check(name, f"split {split}", False, str(exc)))
+                checks.append(DataCheck(name, f"split {split}", False, str(exc)))
         checks.extend(_file_check(name, rel, data_dir, expected) for rel in data_files([name]))
     return checks

@@ -3,9 +3,9 @@ whose `build(model, args)` makes the engine. Importing this package loads no eng
 argument models and the engines (with their heavy optional dependencies) are imported on first use.
 
 Modules: base (requests, results, the Engine protocol), args (EngineArgs: the union of the models),
-lmeval_tokens (lm-eval's context/continuation split), stops (lm-eval's stop-string cut), hf/
-(transformers + the emulated KV cache), vllm_args + vllm_offline (vLLM's offline LLM), openai_api/
-(any OpenAI-compatible server).
+lmeval_tokens (lm-eval's context/continuation split), stops (lm-eval's stop-string cut); packages: hf/
+(transformers + the emulated KV cache), vllm/ (vLLM's offline LLM, its argument checks and the qa_kv
+plugin), openai_api/ (any OpenAI-compatible server).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from evals.engines.base import Engine
 from evals.errors import EngineError
-from evals.models import ResolvedModel
+from evals.models.resolve import ResolvedModel
 from quant.validation import did_you_mean
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ import jinja2
 
 from evals.engines.base import Message
 from evals.errors import EvalError, ModelError
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 
 TemplateKwargs = tuple[tuple[str, str | int | float | bool], ...]
 # Splits a rendered prompt at the document: what precedes it is shared by every item (the cacheable prefix).
@@ -48,7 +48,7 @@ def requires_delimiter(prefix: str, suffix: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Turn:
+class ChatTurn:
     """One lm-eval Message: role, content and the delimiter its plain-text rendering appends."""
 
     role: str
@@ -57,29 +57,29 @@ class Turn:
 
 
 def qa_turn(question: str, answer: str | None, gen_prefix: str | None, target_delimiter: str,
-            fewshot_delimiter: str) -> list[Turn]:
+            fewshot_delimiter: str) -> list[ChatTurn]:
     """lm-eval build_qa_turn: the user turn, then the answer (a shot) or the gen_prefix (the document)."""
     has_answer = answer is not None and answer != ""
     if has_answer and not gen_prefix or gen_prefix and requires_delimiter(question, gen_prefix):
         user_delim = target_delimiter
     else:
         user_delim = ""
-    turns = [Turn("user", question, user_delim)]
+    turns = [ChatTurn("user", question, user_delim)]
     if has_answer:
-        turns.append(Turn("assistant", maybe_delimit(gen_prefix, answer, " "), fewshot_delimiter))
+        turns.append(ChatTurn("assistant", maybe_delimit(gen_prefix, answer, " "), fewshot_delimiter))
     elif gen_prefix:
-        turns.append(Turn("assistant", gen_prefix))
+        turns.append(ChatTurn("assistant", gen_prefix))
     return turns
 
 
-def single_turn(turns: Sequence[Turn]) -> list[Turn]:
+def single_turn(turns: Sequence[ChatTurn]) -> list[ChatTurn]:
     """lm-eval multiturn_to_singleturn: system kept, the rest joined into one user message (a final
     assistant prefill kept after it)."""
     system, rest = (turns[0], list(turns[1:])) if turns and turns[0].role == "system" else (None, list(turns))
     tail = [rest.pop()] if rest[-1].role == "assistant" else []
     body = "".join(t.content + t.delimiter for t in rest[:-1]) + rest[-1].content
-    out = [Turn("user", body)] + [Turn("assistant", t.content) for t in tail]
-    return [Turn("system", system.content)] + out if system is not None else out
+    out = [ChatTurn("user", body)] + [ChatTurn("assistant", t.content) for t in tail]
+    return [ChatTurn("system", system.content)] + out if system is not None else out
 
 
 @dataclass(frozen=True)
@@ -93,20 +93,20 @@ class ChatStyle:
 
 
 def chat_turns(description: str, shots: Sequence[tuple[str, str]], question: str, style: ChatStyle,
-               gen_prefix: str | None = None) -> list[Turn]:
+               gen_prefix: str | None = None) -> list[ChatTurn]:
     """The messages lm-eval's fewshot_context sends to the chat template for one document."""
-    turns: list[Turn] = []
+    turns: list[ChatTurn] = []
     system = maybe_delimit(style.system_prompt, description, style.fewshot_delimiter)
     if system:
-        turns.append(Turn("system", system))
+        turns.append(ChatTurn("system", system))
     for q, a in shots:
         turns += qa_turn(q, a, None, style.target_delimiter, style.fewshot_delimiter)
     turns += qa_turn(question, None, gen_prefix, style.target_delimiter, "")
-    return [Turn(t.role, t.content) for t in turns] if style.fewshot_as_multiturn else single_turn(turns)
+    return [ChatTurn(t.role, t.content) for t in turns] if style.fewshot_as_multiturn else single_turn(turns)
 
 
 def load_tokenizer(model: str, trust_remote_code: bool = False) -> Any:
-    """The transformers tokenizer of a model name (evals.models.resolve_model); ModelError when missing."""
+    """The transformers tokenizer of a model name (evals.models.resolve.resolve_model); ModelError when missing."""
     from transformers import AutoTokenizer  # transformers: only when a chat template is loaded
 
     resolved = resolve_model(model)

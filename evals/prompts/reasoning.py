@@ -30,12 +30,12 @@ from evals.tasks.base import DEFAULT_THINK_TAGS, WithThinkTags
 NO_ANSWER = frozenset({"", "[invalid]", "[invalidanswer]"})
 ThinkTags = tuple[str, str]
 
-__all__ = ["DEFAULT_THINK_TAGS", "NO_ANSWER", "Split", "ThinkTags", "is_truncated", "opens_reasoning",
+__all__ = ["DEFAULT_THINK_TAGS", "NO_ANSWER", "ThinkSplit", "ThinkTags", "is_truncated", "opens_reasoning",
            "split_reasoning", "split_tags", "think_tags"]
 
 
 @dataclass(frozen=True)
-class Split:
+class ThinkSplit:
     """A generation split into its reasoning (None when it had none) and its answer (what is scored).
     `closed` is False when the reasoning began and never ended (the answer is then "")."""
 
@@ -58,7 +58,7 @@ def opens_reasoning(prompt: str, tags: ThinkTags | None) -> bool:
     return prompt.rstrip().endswith(tags[0])
 
 
-def split_tags(text: str, tags: ThinkTags, *, opened: bool) -> Split:
+def split_tags(text: str, tags: ThinkTags, *, opened: bool) -> ThinkSplit:
     """Split `text` at the think tags; `opened`: the prompt already opened the reasoning block."""
     start, end = tags
     head, sep, rest = text.partition(start)
@@ -70,36 +70,36 @@ def split_tags(text: str, tags: ThinkTags, *, opened: bool) -> Split:
         body = text
     reasoning, sep, answer = body.partition(end)
     if sep:
-        return Split(answer=answer, reasoning=reasoning, closed=True)
+        return ThinkSplit(answer=answer, reasoning=reasoning, closed=True)
     if opened:
-        return Split(answer="", reasoning=body, closed=False)
-    return Split(answer=text, reasoning=None, closed=True)
+        return ThinkSplit(answer="", reasoning=body, closed=False)
+    return ThinkSplit(answer=text, reasoning=None, closed=True)
 
 
-def _after_start(head: str, rest: str, end: str) -> Split:
+def _after_start(head: str, rest: str, end: str) -> ThinkSplit:
     """Answer text, then a reasoning block: the reasoning is what lies between the tags."""
     reasoning, sep, tail = rest.partition(end)
     if not sep:
-        return Split(answer=head, reasoning=reasoning, closed=False)
-    return Split(answer=head + tail, reasoning=reasoning, closed=True)
+        return ThinkSplit(answer=head, reasoning=reasoning, closed=False)
+    return ThinkSplit(answer=head + tail, reasoning=reasoning, closed=True)
 
 
 def split_reasoning(text: str, tags: ThinkTags | None, *, prompt: str = "",
-                    server_reasoning: str | None = None) -> Split:
+                    server_reasoning: str | None = None) -> ThinkSplit:
     """The answer and the reasoning of one generation: `server_reasoning` (a server's
     reasoning_content) and whatever the think `tags` delimit in `text` (None: no tag split)."""
     if tags is None:
-        return Split(answer=text, reasoning=server_reasoning, closed=True)
+        return ThinkSplit(answer=text, reasoning=server_reasoning, closed=True)
     if server_reasoning is not None:
         # the server split it: `text` is the content after the reasoning (empty while the reasoning ran)
         inner = split_tags(text, tags, opened=False)
         parts = [server_reasoning] + ([inner.reasoning] if inner.reasoning is not None else [])
         closed = inner.closed and bool(text.strip() or not server_reasoning)
-        return Split(answer=inner.answer, reasoning="".join(parts), closed=closed)
+        return ThinkSplit(answer=inner.answer, reasoning="".join(parts), closed=closed)
     return split_tags(text, tags, opened=opens_reasoning(prompt, tags))
 
 
-def is_truncated(finish_reason: str, split: Split, extracted: Mapping[str, str | None]) -> bool:
+def is_truncated(finish_reason: str, split: ThinkSplit, extracted: Mapping[str, str | None]) -> bool:
     """Stopped at max_tokens before the final answer: the reasoning never closed, or a filter of the
     task found no answer (a task with no filters: any length stop counts). "A filter", not "every
     filter": a lenient filter (gsm8k's flexible-extract takes the last number anywhere) finds a

@@ -24,9 +24,10 @@ from pathlib import Path
 from evals.engines import base
 from evals.engines.base import Engine
 from evals.errors import EngineError, EvalError
+from evals.prompts.reasoning import ThinkSplit, is_truncated, split_reasoning, think_tags
+from evals.engines.base import TokenLogprobs
+from evals.records.samples import RecordWriter, SampleRecord, first_non_finite, sha256_text
 from evals.run.progress import settings_from_env, task_progress
-from evals.prompts.reasoning import Split, is_truncated, split_reasoning, think_tags
-from evals.records.samples import RecordWriter, SampleRecord, TokenLogprobs, first_non_finite, sha256_text
 from evals.run.reference import ReferenceResult, chunk_references, has_reference, record_fields
 from evals.run.resume import (  # noqa: F401 - REQUEST_TYPES, RESUME_RECORDS_HINT, missing_samples: re-exported
     REQUEST_TYPES,
@@ -68,7 +69,7 @@ def _record(task: Task, arm: str, sample: Sample, result: Result | base.Failure 
     if isinstance(sample.request, base.GenerateRequest) and sample.request.temperature > 0:
         meta["sample_seed"] = sample.seed
     fields: dict = {}
-    split: Split | None = None
+    split: ThinkSplit | None = None
     if isinstance(result, base.GenerateResult):
         prompt = sample.request.prompt if isinstance(sample.request, base.GenerateRequest) else ""
         split = split_reasoning(result.text, think_tags(task), prompt=prompt, server_reasoning=result.reasoning)

@@ -51,8 +51,9 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Check:
-    """The checker's answer: correct or not, BFCL's error type ("" when correct) and one line of detail."""
+class CallCheck:
+    """The BFCL checker's verdict on decoded calls: correct or not, BFCL's error type ("" when correct) and
+    one line of detail."""
 
     correct: bool
     error_type: str = ""
@@ -207,22 +208,24 @@ def _list_dict_check(value: Sequence[Any], allowed: Sequence[Any]) -> str:
     return error
 
 
-def check_call(doc: FunctionDoc, call: Call, answer: PossibleAnswer) -> Check:
+def check_call(doc: FunctionDoc, call: Call, answer: PossibleAnswer) -> CallCheck:
     """simple_function_checker (Python): one decoded call against one expected {name: {param: [allowed]}}."""
     name, allowed_args = next(iter(answer.items()))
     params = doc["parameters"]["properties"]
     if call.name != doc["name"] or name != doc["name"]:
-        return Check(False, "simple_function_checker:wrong_func_name", f"expected {doc['name']}, got {call.name}")
+        return CallCheck(False, "simple_function_checker:wrong_func_name",
+                         f"expected {doc['name']}, got {call.name}")
     for p in doc["parameters"].get("required", []):
         if p not in call.args:
-            return Check(False, "simple_function_checker:missing_required", f"missing required parameter {p}")
+            return CallCheck(False, "simple_function_checker:missing_required",
+                             f"missing required parameter {p}")
     for p, value in call.args.items():
         if p not in params or p not in allowed_args:
-            return Check(False, "simple_function_checker:unexpected_param", f"unexpected parameter {p}")
+            return CallCheck(False, "simple_function_checker:unexpected_param", f"unexpected parameter {p}")
         declared = params[p]["type"]
         expected = PYTHON_TYPES.get(declared)
         if expected is None:
-            return Check(False, "type_error:simple", f"parameter {p}: unknown type {declared!r}")
+            return CallCheck(False, "type_error:simple", f"parameter {p}: unknown type {declared!r}")
         nested = PYTHON_TYPES.get(params[p].get("items", {}).get("type", "")) if declared in NESTED_TYPES else None
         if declared == "tuple" and type(value) is tuple:
             value = list(value)
@@ -231,50 +234,51 @@ def check_call(doc: FunctionDoc, call: Call, answer: PossibleAnswer) -> Check:
         allowed = allowed_args[p]
         valid, variable = _type_ok(value, allowed, expected, nested)
         if not valid:
-            return Check(False, "type_error:nested" if nested is not None and type(value) is expected
-                         else "type_error:simple", f"parameter {p}: expected {declared}, got {type(value).__name__}")
+            return CallCheck(False, "type_error:nested" if nested is not None and type(value) is expected
+                             else "type_error:simple", f"parameter {p}: expected {declared}, got {type(value).__name__}")
         if not variable:
             if expected is dict:
                 if error := _dict_check(value, allowed):
-                    return Check(False, error, f"parameter {p}: {value!r} not allowed")
+                    return CallCheck(False, error, f"parameter {p}: {value!r} not allowed")
                 continue
             if expected is list and nested is dict:
                 if error := _list_dict_check(value, allowed):
-                    return Check(False, error, f"parameter {p}: {value!r} not allowed")
+                    return CallCheck(False, error, f"parameter {p}: {value!r} not allowed")
                 continue
             if expected is str:
                 if standardize_string(value) not in [standardize_string(a) for a in allowed if isinstance(a, str)]:
-                    return Check(False, "value_error:string", f"parameter {p}: {value!r} not allowed")
+                    return CallCheck(False, "value_error:string", f"parameter {p}: {value!r} not allowed")
                 continue
             if expected is list:
                 # list_checker: as there, a string item of the allowed values is read character by character
                 if [_std(v) for v in value] not in [[_std(a) for a in ans] for ans in allowed if isinstance(ans, list | str)]:
-                    return Check(False, "value_error:list/tuple", f"parameter {p}: {value!r} not allowed")
+                    return CallCheck(False, "value_error:list/tuple", f"parameter {p}: {value!r} not allowed")
                 continue
         if value not in allowed:
-            return Check(False, "value_error:others", f"parameter {p}: {value!r} not allowed")
+            return CallCheck(False, "value_error:others", f"parameter {p}: {value!r} not allowed")
     for p, allowed in allowed_args.items():
         if p not in call.args and "" not in allowed:
-            return Check(False, "simple_function_checker:missing_optional", f"parameter {p} not given")
-    return Check(True)
+            return CallCheck(False, "simple_function_checker:missing_optional", f"parameter {p} not given")
+    return CallCheck(True)
 
 
-def check_calls(docs: Sequence[FunctionDoc], calls: Sequence[Call], answers: Sequence[PossibleAnswer]) -> Check:
+def check_calls(docs: Sequence[FunctionDoc], calls: Sequence[Call],
+                answers: Sequence[PossibleAnswer]) -> CallCheck:
     """parallel_function_checker_enforce_order: as many calls as expected, each checked against its own, in
     order (one expected call: simple_function_checker's count rule)."""
     if len(calls) != len(answers):
-        return Check(False, "simple_function_checker:wrong_count" if len(answers) == 1 else
-                     "parallel_function_checker_enforce_order:wrong_count",
-                     f"{len(calls)} calls, expected {len(answers)}")
+        return CallCheck(False, "simple_function_checker:wrong_count" if len(answers) == 1 else
+                         "parallel_function_checker_enforce_order:wrong_count",
+                         f"{len(calls)} calls, expected {len(answers)}")
     by_name = {d["name"]: d for d in docs}
     for call, answer in zip(calls, answers, strict=True):
         name = next(iter(answer))
         if name not in by_name:
-            return Check(False, "simple_function_checker:wrong_func_name", f"{name} is not documented")
+            return CallCheck(False, "simple_function_checker:wrong_func_name", f"{name} is not documented")
         result = check_call(by_name[name], call, answer)
         if not result.correct:
             return result
-    return Check(True)
+    return CallCheck(True)
 
 
 def render_call(call: Call) -> str:

@@ -1,8 +1,9 @@
-"""`qa calibrate`: static KV scales, optionally exported (a thin shell over
-`qa.pipeline.calibration.calibrate_model`, which resolves the model and reads the text: wikitext2 test,
-gsm8k train, or a .txt / .jsonl file), written as a scales file pair, in another tool's layout
-(`--export`, quant.scales.export) or as a model folder vLLM loads (`--model-out`). Torch is imported when the
-command runs, never when the CLI starts (`qa gate` and the other light commands must not load it).
+"""`qa calibrate`: static KV scales (a thin shell over `qa.pipeline.calibration.calibrate_model`, which
+resolves the model and reads the text: wikitext2 test, gsm8k train, or a .txt / .jsonl file), written as a
+scales file pair (OUT.safetensors + OUT.json), optionally also in another tool's layout (`--export vllm |
+compressed-tensors`, quant.scales.export.export_scales) and, with `--export vllm`, as a model folder vLLM
+loads (`--model-out`, qa.pipeline.calibration.export_vllm_model). Torch is imported when the command runs,
+never when the CLI starts (`qa gate` and the other light commands must not load it).
 Exit 0 on success, 2 for a usage error.
 """
 
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from evals.models import DEFAULT_MODEL
+from evals.models.named import DEFAULT_MODEL
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
 from quant.scales.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS

@@ -1,6 +1,7 @@
-"""`qa compare BASE CAND --out DIR` and `qa plan --task T --margin M`: thin shells over
-`qa.api.compare` (+ the gate's verdict under --policy). BASE and CAND may be record folders, lm-eval
---log_samples folders or Inspect AI logs (qa.compare.arms reads each kind)."""
+"""`qa compare BASE CAND --out DIR`: a thin shell over `qa.api.compare`, which writes DIR/comparison.json,
+then `qa.api.decide`, whose verdict under --policy (default: the shipped policy) it prints without writing
+verdict.json (`qa gate DIR` writes it). BASE and CAND may be record folders, lm-eval --log_samples folders
+or Inspect AI logs (qa.compare.arms reads each kind). `qa plan` is qa.cli.plan_cmd."""
 
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def estimate(pm: PairedMetric, settings: StatsSettings) -> Estimate:
 
 def excess_flips(cand_pair: PairedTask, rerun_pair: PairedTask, key: str) -> ExcessFlips | None:
     """Excess-flip test of the candidate over a baseline rerun for one "metric,filter"
-    (docs/STATISTICS.md section 4). Both pairs share the baseline, so their keys line up."""
+    (docs/STATISTICS.md, "The noise floor (A/A)"). Both pairs share the baseline, so their keys line up."""
     assert [r.key for r in rerun_pair.baseline] == [r.key for r in cand_pair.baseline]
     rows = [
         (rb.scores.get(key), rc.scores.get(key), rr.scores.get(key))

@@ -21,9 +21,11 @@ from evals.engines.args import EngineArgs
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import EngineError, EvalError, ModelError
-from evals.models import ResolvedModel, gguf_file, resolve_model
+from evals.models.gguf import gguf_file
+from evals.models.resolve import ResolvedModel, resolve_model
 from evals.run.selection import select_items
-from evals.servers import LlamaCppServerSpec, VllmServerSpec, check_cache_type, vllm_python
+from evals.servers.interpreter import vllm_python
+from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec, check_cache_type
 from evals.tasks import get_task, supports_chat
 from evals.tasks.base import DEFAULT_THINK_TAGS, TaskOptions
 from qa.files.policy import Policy, parse_policy, policy_path, policy_text
@@ -62,7 +64,7 @@ def read_policy(ref: str, relative_to: Path | None) -> ResolvedPolicy:
     return ResolvedPolicy(parse_policy(text, source), ref, path.resolve() if path is not None else None, text)
 
 
-def task_options(t: TaskSpec, chat: ChatSettings | None = None) -> TaskOptions:
+def resolve_task_options(t: TaskSpec, chat: ChatSettings | None = None) -> TaskOptions:
     """The evals task options of one spec task; chat settings the task leaves unset come from `chat`
     (the spec's [chat] table, which tasks that cannot chat, such as wikitext_kl, ignore). An unset
     fewshot_as_multiturn follows chat, as lm-eval's --apply_chat_template turns it on by default."""
@@ -87,7 +89,7 @@ def task_options(t: TaskSpec, chat: ChatSettings | None = None) -> TaskOptions:
 
 def resolve_task(t: TaskSpec, spec: RunSpec, policy: Policy, data_dir: Path | None) -> ResolvedTask:
     """One task: built once, its items read once, its seeded selection and (sequential) look sizes."""
-    options = task_options(t, spec.chat)
+    options = resolve_task_options(t, spec.chat)
     task = get_task(t.name, options, spec.model)
     items = tuple(task.items(data_dir))
     selection = tuple(select_items(items, t.limit, spec.seed))
@@ -141,8 +143,9 @@ def vllm_python_or_none() -> str | None:
         return None
 
 
-def server_spec(spec: RunSpec, name: str, model: ResolvedModel | None, vllm: str | None) -> ServerSpec:
-    """The typed evals.servers spec of an arm's `server` table (model files resolved, nothing started; a
+def resolve_server_spec(spec: RunSpec, name: str, model: ResolvedModel | None,
+                        vllm: str | None) -> ServerSpec:
+    """The typed server spec (evals.servers.spec) of an arm's `server` table (model files resolved, nothing started; a
     vLLM server run by `vllm`, PYTHON_SHOWN when there is none); the arm's `env` is the server's."""
     arm = spec.arms[name]
     server = arm.server
@@ -199,7 +202,7 @@ def resolve_arm(spec: RunSpec, name: str, rd: RunDir, models: dict[str, Resolved
         except EngineError as exc:
             problems.append(str(exc))
     args = engine_args(spec, name, rd)
-    server = server_spec(spec, name, model, vllm) if arm.server is not None else None
+    server = resolve_server_spec(spec, name, model, vllm) if arm.server is not None else None
     load = str(rd.vllm_model) if feeds_vllm(spec, name) else spec.arm_model(name)
     runs = not (name == "baseline" and arm.from_run is not None)
     server_record = None

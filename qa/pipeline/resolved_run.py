@@ -18,9 +18,9 @@ from evals.run.arm import ArmConfig, ArmTask
 from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.base import GenerateRequest
-from evals.models import ResolvedModel
+from evals.models.resolve import ResolvedModel
 from evals.run.selection import select_items
-from evals.servers import LlamaCppServerSpec, VllmServerSpec
+from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from evals.tasks.base import Item, Request, ServedInSessions, Task, TaskOptions
 from qa.errors import QAError
 from qa.files.policy import Policy, TaskPolicy
@@ -48,7 +48,8 @@ def arm_config(record: ResolvedRecord, arm: ArmRecord, *, base_url: str | None =
 
 
 def task_options(task: TaskRecord) -> TaskOptions:
-    """The evals TaskOptions of a resolved task."""
+    """The evals TaskOptions of a task as resolved.json records them (qa.pipeline.resolve.resolve_task_options
+    builds them from the spec)."""
     return OPTIONS.validate_python(task.options)
 
 
@@ -58,7 +59,8 @@ def arm_tasks(record: ResolvedRecord) -> list[ArmTask]:
 
 
 def server_spec(arm: ArmRecord) -> ServerSpec | None:
-    """The typed evals.servers spec of the server an arm's worker starts (None: the arm has none)."""
+    """The typed spec (evals.servers.spec) of the server an arm's worker starts, read back from the arm's record
+    (None: the arm has none; qa.pipeline.resolve.resolve_server_spec builds it from the spec)."""
     if arm.server is None:
         return None
     return SERVER_SPECS[arm.server.kind].validate_python(arm.server.spec)

@@ -1,6 +1,6 @@
 """Everything a report shows, read from one run directory through `RunDir` into one `ReportInputs`:
-the comparison, the verdict to show (see `resolve_verdict`), spec text, env.json, kv_inspect.json,
-each arm's engine facts and the changed answers. Only comparison.json is required."""
+the comparison, the verdict to show (see `resolve_verdict`), spec text, resolved.json, env.json,
+kv_inspect.json, each arm's engine facts and the changed answers. Only comparison.json is required."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.run.arm import ARM_FILE, ArmManifest
 from evals.errors import RecordError
+from evals.records.arm_file import ARM_FILE, ArmManifest
 from qa.errors import QAError
 from qa.files.comparison import Comparison, Estimate
 from qa.files.policy import Policy
+from qa.files.resolved_json import ResolvedRecord
 from qa.files.rundir import RunDir
 from qa.files.verdict import TaskVerdict, Verdict
 from qa.gate.decide import decide_folder
@@ -39,6 +40,7 @@ class ReportInputs:
     verdict: Verdict
     verdict_source: str  # one line: where the verdict shown comes from
     spec_text: str | None = None
+    resolved: ResolvedRecord | None = None  # resolved.json; None: a run directory written before it
     env: dict[str, object] | None = None
     kv: InspectReport | None = None
     kv_problem: str | None = None  # why a kv_inspect.json present in the run could not be shown
@@ -128,6 +130,7 @@ def gather(run_dir: Path, policy: Policy | None = None) -> ReportInputs:
         verdict=verdict,
         verdict_source=source,
         spec_text=rd.spec_file.read_text(encoding="utf-8", errors="replace") if rd.spec_file.is_file() else None,
+        resolved=rd.load_resolved() if rd.resolved.is_file() else None,
         env=read_env(rd),
         kv=kv,
         kv_problem=kv_problem,

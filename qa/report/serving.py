@@ -2,15 +2,17 @@
 task, each arm's warm path against its own cold path (prefix-cache hit rate, identical outputs, first
 divergence, KL(cold || warm), flips), per turn depth, the shuffled batch-history A/A floor, the
 candidate next to the baseline (excess flips, KL difference, warm accuracy vs the baseline's cold path)
-and the gate's cache-path rules (qa.gate.serving)."""
+and the gate's cache-path rules (qa.gate.serving); an hf arm whose emulated prefix cache replays is labelled
+from its engine arguments in resolved.json."""
 
 from __future__ import annotations
 
-import tomllib
 from html import escape
-from typing import Any
 
+from evals.engines import parse_engine_args
+from evals.engines.hf.args import HFEngineArgs
 from qa.files.comparison import AgreementShare, CacheArm, CachePathEstimate, CacheTurn, Flips, Interval
+from qa.files.resolved_json import ResolvedRecord
 from qa.files.verdict import TaskVerdict
 from qa.report.gather import ReportInputs
 from qa.textfmt import md_cell, percent, pts
@@ -102,24 +104,24 @@ REPLAY_LABEL = ("vLLM's bounded replay (built for DeepSeek-V4.1's sliding-window
                 "does not replay")  # vLLM 0.32 replays only DeepSeek-V4.1's SWA groups; the emulator has no such model
 
 
-def replayed_arms(spec_text: str | None) -> dict[str, int]:
-    """{arm: replay window} of the run's hf arms whose emulated prefix cache replays (none when unreadable)."""
-    try:
-        arms = tomllib.loads(spec_text or "").get("arms", {})
-    except tomllib.TOMLDecodeError:
-        return {}
+def replayed_arms(resolved: ResolvedRecord | None) -> dict[str, int]:
+    """{arm: replay window} of the run's hf arms whose emulated prefix cache replays, from their engine
+    arguments as resolved.json records them ({} for a run directory without resolved.json)."""
     out = {}
-    for name, arm in arms.items() if isinstance(arms, dict) else ():
-        prefix: Any = ((arm.get("engine_args") or {}).get("kv") or {}).get("prefix_cache") or {}
-        window = prefix.get("replay_window", 0) if isinstance(prefix, dict) else 0
-        if arm.get("engine") == "hf" and isinstance(window, int) and window > 0:
-            out[name] = window
+    for arm in resolved.arms if resolved is not None else ():
+        if arm.engine != "hf" or arm.engine_args is None:
+            continue
+        args = parse_engine_args("hf", arm.engine_args)
+        assert isinstance(args, HFEngineArgs)  # the hf engine's argument model
+        prefix = args.kv.prefix_cache if args.kv is not None else None
+        if prefix is not None and prefix.enabled and prefix.replay_window > 0:
+            out[arm.name] = prefix.replay_window
     return out
 
 
-def replay_lines(spec_text: str | None) -> list[str]:
+def replay_lines(resolved: ResolvedRecord | None) -> list[str]:
     """One line per replaying hf arm: the label that says what its warm path stands for."""
-    return [f"Arm {arm}: replay window {w}: {REPLAY_LABEL}" for arm, w in replayed_arms(spec_text).items()]
+    return [f"Arm {arm}: replay window {w}: {REPLAY_LABEL}" for arm, w in replayed_arms(resolved).items()]
 
 
 def _tables(cp: CachePathEstimate) -> tuple[list[list[str]], list[list[str]]]:
@@ -146,7 +148,7 @@ def markdown_section(inp: ReportInputs) -> list[str]:
         arm_rows, turn_rows = _tables(cp)
         lines += ["", f"### {md_cell(cp.task)}", ""] + _md_table(ARM_HEADERS, arm_rows)
         lines += ["", "Per turn depth:", ""] + _md_table(TURN_HEADERS, turn_rows) + [""]
-        lines += [f"- {md_cell(x)}" for x in comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.spec_text)]
+        lines += [f"- {md_cell(x)}" for x in comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.resolved)]
     return lines
 
 
@@ -165,6 +167,6 @@ def html_section(inp: ReportInputs) -> str:
         arm_rows, turn_rows = _tables(cp)
         out += [f"<h3>{escape(cp.task)}</h3>", _html_table(ARM_HEADERS, arm_rows), "<p>Per turn depth:</p>",
                 _html_table(TURN_HEADERS, turn_rows), "<ul>"]
-        lines = comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.spec_text)
+        lines = comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.resolved)
         out += [f"<li>{escape(x)}</li>" for x in lines] + ["</ul>"]
     return "".join(out)

