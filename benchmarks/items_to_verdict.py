@@ -1,6 +1,6 @@
 """Items (and wall time) to a verdict: sequential looks vs fixed n, side by side on the same records.
 
-    python benchmarks/items_to_verdict.py RUN_DIR [RUN_DIR ...] [--looks 0.25,0.5,0.75,1]
+    python -m benchmarks.items_to_verdict RUN_DIR [RUN_DIR ...] [--looks 0.25,0.5,0.75,1]
         [--spending obrien_fleming,pocock,confidence_sequence] [--policy PATH]
 
 For every candidate of every run directory (records/<arm>/ of a finished fixed-n `qa run`) and every task:
@@ -20,10 +20,13 @@ the same both ways, and the look at which each fixed-n FAIL stopped.
 The reports committed under reports/ carry no records (README: comparison, verdict and reports only),
 so this takes run directories; the README's numbers come from `examples/studies/items_to_verdict.toml`
 (the fault study's baseline, two destructive faults, the correct NVFP4 candidate and the A/A control in
-one run, at 200 WikiText-2 chunks so that the first look reaches the default policy's min_n):
+one run, at 200 WikiText-2 chunks so that the first look reaches the default policy's min_n); the run folder
+is committed in reports/sequential/items_to_verdict/ (no records), this table in
+reports/benchmarks/items_to_verdict/:
 
     QA_DATA_DIR=../shared/data .venv/bin/qa run examples/studies/items_to_verdict.toml --out reports/runs/items_to_verdict
-    .venv/bin/python benchmarks/items_to_verdict.py reports/runs/items_to_verdict
+    .venv/bin/python -m benchmarks.items_to_verdict reports/runs/items_to_verdict \
+        > reports/benchmarks/items_to_verdict/items_to_verdict.txt
 """
 
 from __future__ import annotations
@@ -33,9 +36,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from evals.records.samples import SampleRecord
 from evals.run.selection import select_items
@@ -241,7 +241,8 @@ def parse_looks(text: str) -> tuple[float, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     """Replay every case under each spending; print the table; 0 when done, 2 on bad input."""
-    parser = argparse.ArgumentParser(prog="benchmarks/items_to_verdict.py", description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.items_to_verdict",
+                                     description=(__doc__ or "").splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path, help="finished fixed-n run directories (with records/)")
     parser.add_argument("--looks", default="0.25,0.5,0.75,1", help="information fractions (default 0.25,0.5,0.75,1)")
     parser.add_argument("--spending", default=",".join(SPENDING), help=f"comma-separated, of {', '.join(SPENDING)}")

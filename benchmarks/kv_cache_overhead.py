@@ -8,7 +8,7 @@ seeded generator: the content does not change the cost), plain and emulated runs
 machine load drifts affect both; reports the median of --repeats runs each (wall and process CPU
 time) and the overhead ratio - 1.
 
-    python benchmarks/kv_cache_overhead.py --format nvfp4 --prompt-tokens 512 --new-tokens 128
+    python -m benchmarks.kv_cache_overhead --format nvfp4 --prompt-tokens 512 --new-tokens 128
 """
 
 from __future__ import annotations
@@ -19,6 +19,12 @@ import statistics
 import time
 
 import torch
+
+from evals.models.load import load_model
+from evals.models.resolve import resolve_model
+from quant.kv.cache import make_cache
+from quant.kv.plain import make_plain_cache
+from quant.kv.spec import kv_spec_from_dict
 
 
 def _generate(model, ids: torch.Tensor, new_tokens: int, cache) -> tuple[float, float]:
@@ -40,11 +46,6 @@ def _generate(model, ids: torch.Tensor, new_tokens: int, cache) -> tuple[float, 
 
 def main() -> None:
     """Parse options, time plain vs emulated generation, print a JSON summary."""
-    from evals.models import load_model, resolve_model
-    from quant.kv.cache import make_cache
-    from quant.kv.plain import make_plain_cache
-    from quant.kv.spec import kv_spec_from_dict
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--format", default="nvfp4")

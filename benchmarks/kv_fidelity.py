@@ -17,7 +17,9 @@ Per pair: mean KL over the baseline's top-k + tail (qa.compare.distribution.topk
 chunk, p99 KL, top-1 agreement, and the emulator / real ratio of mean KL with a paired bootstrap CI over
 chunks. Writes <out>/fidelity.json and <out>/TABLE.md.
 
-    QA_DATA_DIR=../shared/data .venv/bin/python benchmarks/kv_fidelity.py --chunks 16
+    QA_DATA_DIR=../shared/data .venv/bin/python -m benchmarks.kv_fidelity --chunks 16
+
+The vLLM arms run this module again in vLLM's interpreter (`python -m benchmarks.kv_fidelity --vllm-worker`).
 """
 
 from __future__ import annotations
@@ -28,14 +30,38 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from evals.engines.vllm.kv.switch import loaded_record, plugin_on
+from evals.models.gguf import gguf_file
+from evals.models.resolve import resolve_model
+from evals.run.selection import select_items
+from evals.servers.interpreter import vllm_python
+from evals.servers.spec import LlamaCppServerSpec
+from evals.servers.start import start_server
+from evals.tasks.wikitext_kl import WikitextKLTask
+from qa.compare.distribution import topk_kl
+from qa.errors import USER_ERRORS
+from qa.files.portable import portable_text
+from qa.stats.basic import cluster_mean_se, t_interval
+from quant.fileio import atomic_write_text
+from quant.formats.ggml_blocks import round_matmul_inputs
+from quant.kv.attention import profile_attention
+from quant.kv.cache import make_cache
+from quant.kv.spec import kv_spec_from_dict
+from quant.validation import did_you_mean
 
 REPO = Path(__file__).resolve().parent.parent
+MODULE = "benchmarks.kv_fidelity"  # what the vLLM worker runs: python -m MODULE --vllm-worker JOB RESULT
 # vLLM arm name -> kv_cache_dtype ("auto_restart": a second engine start, the A/A check)
 VLLM_ARMS: dict[str, str] = {"auto": "auto", "auto_restart": "auto", "fp8": "fp8", "fp8_e4m3": "fp8_e4m3",
                              "fp8_e5m2": "fp8_e5m2"}
@@ -97,12 +123,6 @@ class Run:
 def chunk_tokens(n_chunks: int, max_tokens: int, seed: int) -> list[list[int]]:
     """Token ids of the `n_chunks` WikiText-2 chunks a `qa run` with this seed and limit scores (the
     wikitext_kl task's items, evals.run.selection.select_items), each capped at max_tokens as its engines do."""
-    from transformers import AutoTokenizer
-
-    from evals.models import resolve_model
-    from evals.run.selection import select_items
-    from evals.tasks.wikitext_kl import WikitextKLTask
-
     data_dir = Path(os.environ["QA_DATA_DIR"]) if os.environ.get("QA_DATA_DIR") else None
     items = select_items(WikitextKLTask().items(data_dir), n_chunks, seed)
     tok = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m").path)
@@ -112,15 +132,6 @@ def chunk_tokens(n_chunks: int, max_tokens: int, seed: int) -> list[list[int]]:
 # ---- emulator ----
 def emulator_runs(model_kind: str, chunks: list[list[int]], specs: dict[str, dict], top_k: int) -> dict[str, Run]:
     """Each named kv spec (None: plain cache) run teacher-forced over every chunk in one forward pass."""
-    import torch
-    from transformers import AutoModelForCausalLM, DynamicCache
-
-    from evals.models import gguf_file, resolve_model
-    from quant.formats.ggml_blocks import round_matmul_inputs
-    from quant.kv.attention import profile_attention
-    from quant.kv.cache import make_cache
-    from quant.kv.spec import kv_spec_from_dict
-
     torch.manual_seed(0)
     if model_kind == "bf16":
         model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m").path, dtype=torch.bfloat16)
@@ -153,10 +164,7 @@ def vllm_worker(job: Path, result: Path) -> None:
     spec = json.loads(job.read_text())
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-    import vllm
-
-    from evals.engines.vllm.kv.switch import loaded_record, plugin_on
-    from quant.kv.spec import kv_spec_from_dict
+    import vllm  # vllm: only in vLLM's interpreter (this worker), after the setting above
 
     kv = spec.get("kv")
     with plugin_on(kv_spec_from_dict(kv)) if kv else nullcontext() as folder:
@@ -187,9 +195,8 @@ def probe_cache_write(kv_cache_dtype: str) -> str:
     stored V bytes compared with torch's E4M3 / E5M2 casts, nearest and truncated ('auto': unquantized)."""
     if kv_cache_dtype == "auto":
         return "bf16"
-    import torch
-    import vllm._custom_ops as ops
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    import vllm._custom_ops as ops  # vllm: only in vLLM's interpreter (the worker)
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # vllm: as above
 
     g = torch.Generator().manual_seed(0)
     key = (torch.randn(32, 3, 64, generator=g) * 2).to(torch.bfloat16)
@@ -212,11 +219,6 @@ def probe_cache_write(kv_cache_dtype: str) -> str:
 def vllm_runs(chunks: list[list[int]], top_k: int, work: Path,
               skip: frozenset[str] = frozenset()) -> tuple[dict[str, Run], dict[str, str]]:
     """One vLLM-CPU subprocess per arm not in `skip` (logs in `work`); runs and the cache dtype each resolved to."""
-    import tempfile
-
-    from evals.models import resolve_model
-    from evals.servers import vllm_python
-
     python = vllm_python()
     runs, resolved = {}, {}
     tmp = Path(tempfile.mkdtemp(prefix="kv_fidelity_"))  # job and result files (token ids, log-probs)
@@ -230,7 +232,7 @@ def vllm_runs(chunks: list[list[int]], top_k: int, work: Path,
         t0 = time.time()
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
         with open(work / f"vllm_{arm}.log", "wb") as log:
-            subprocess.run([python, __file__, "--vllm-worker", str(job), str(res)], check=True, env=env,
+            subprocess.run([python, "-m", MODULE, "--vllm-worker", str(job), str(res)], check=True, env=env,
                            stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         data = json.loads(res.read_text())
         runs[arm] = Run([np.array(r["ids"]) for r in data["rows"]], [np.array(r["lps"]) for r in data["rows"]])
@@ -244,11 +246,6 @@ def vllm_runs(chunks: list[list[int]], top_k: int, work: Path,
 def llamacpp_runs(chunks: list[list[int]], top_k: int, work: Path, skip: frozenset[str] = frozenset()) -> dict[str, Run]:
     """One llama.cpp server per arm of LLAMACPP_ARMS not in `skip` (K and V alike, rotation on); every
     position one prefix request with n_predict 1 and n_probs = top_k."""
-    import httpx
-
-    from evals.models import gguf_file
-    from evals.servers import LlamaCppServerSpec, start_server
-
     runs = {}
     for arm, (ctype, flash) in LLAMACPP_ARMS.items():
         if arm in skip:
@@ -289,9 +286,6 @@ def keep_head(log: Path, lines: int = LOG_HEAD_LINES) -> None:
 # ---- statistics ----
 def pair_stats(base: Run, cand: Run) -> dict:
     """Mean KL (95% CI clustered by chunk), p99 KL, top-1 agreement of cand against base; per-chunk KL sums."""
-    from qa.compare.distribution import topk_kl
-    from qa.stats.basic import cluster_mean_se, t_interval
-
     kl, agree, clusters = [], [], []
     for c, (bi, bl, ci, cl) in enumerate(zip(base.ids, base.lps, cand.ids, cand.lps)):
         k = topk_kl(bi, bl, ci, cl)
@@ -381,8 +375,6 @@ def table(rows: list[dict]) -> str:
 
 def skipped_arms(raw: str) -> frozenset[str]:
     """The --skip-arms names; a one-line error and SystemExit(2) for one that is not a non-baseline arm."""
-    from quant.validation import did_you_mean
-
     names = frozenset(x.strip() for x in raw.split(",") if x.strip())
     allowed = [a for a in (*VLLM_ARMS, *VLLM_PLUGIN_ARMS, *LLAMACPP_ARMS) if a not in ("auto", LLAMACPP_BASE)]
     for name in sorted(names - set(allowed)):
@@ -405,14 +397,13 @@ def main(argv: list[str] | None = None) -> None:
                    help="tokens per chunk for llama.cpp (one HTTP request per position: about 0.5 s each here)")
     p.add_argument("--skip-arms", default="",
                    help="comma list of real arms not to run (e.g. the kernel-path arms f32,f16_fa_off); not a baseline")
-    p.add_argument("--out", type=Path, default=REPO / "reports" / "fidelity")
+    p.add_argument("--out", type=Path, default=REPO / "reports" / "benchmarks" / "kv_fidelity")
     p.add_argument("--vllm-worker", nargs=2, type=Path, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.vllm_worker:
         vllm_worker(*ns.vllm_worker)
         return
     engines = {e.strip() for e in ns.engines.split(",") if e.strip()}
-    sys.path.insert(0, str(REPO))
     numbers = {"--chunks": ns.chunks, "--max-tokens": ns.max_tokens, "--top-k": ns.top_k,
                "--llamacpp-chunks": ns.llamacpp_chunks, "--llamacpp-tokens": ns.llamacpp_tokens}
     problem = next((f"{flag} must be a positive number, got {v}" for flag, v in numbers.items() if v < 1), None)
@@ -422,8 +413,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {problem}", file=sys.stderr)
         raise SystemExit(2)
     skip = skipped_arms(ns.skip_arms)
-    import torch
-
     torch.set_num_threads(1)  # one thread, as the servers: the machine is shared and oversubscribed
     t0 = time.time()
     ns.out.mkdir(parents=True, exist_ok=True)
@@ -448,16 +437,12 @@ def main(argv: list[str] | None = None) -> None:
         real = llamacpp_runs(lchunks, ns.top_k, work, skip)
         rows += compare(real, emu, LLAMACPP_BASE, LLAMACPP_PAIRS, "llama.cpp", ns.seed)
         aa += real_pairs(real, "llama.cpp")
-    from qa.files.portable import portable_text  # the repository's modules: importable once sys.path has REPO
-
     for log in work.glob("*.log"):  # committed beside the table: no path of this machine (qa.files.portable)
         log.write_text(portable_text(log.read_text(encoding="utf-8", errors="replace"), REPO), encoding="utf-8")
     result = {"engines": sorted(engines), "chunks": ns.chunks, "max_tokens": ns.max_tokens, "top_k": ns.top_k,
               "seed": ns.seed, "llamacpp_chunks": ns.llamacpp_chunks, "llamacpp_tokens": ns.llamacpp_tokens,
               "skipped_arms": sorted(skip), "vllm_resolved_cache_dtype": resolved, "wall_seconds": round(time.time() - t0, 1), "pairs": rows,
               "real_pairs": aa}
-    from quant.fileio import atomic_write_text
-
     atomic_write_text(ns.out / f"fidelity_{'_'.join(sorted(engines))}.json", json.dumps(result, indent=1) + "\n")
     md = write_table(ns.out)
     print(md)
@@ -465,8 +450,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_table(out: Path) -> str:
     """TABLE.md from every fidelity_*.json in `out` (one per engine run); returns the Markdown."""
-    from quant.fileio import atomic_write_text
-
     parts, rows, aa = [], [], []
     for path in sorted(out.glob("fidelity_*.json")):
         r = json.loads(path.read_text())
@@ -491,9 +474,6 @@ def write_table(out: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    from qa.errors import USER_ERRORS
-
     try:
         main()
     except USER_ERRORS as exc:  # missing data, a bad engine setting: one line, exit 2

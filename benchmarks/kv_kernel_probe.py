@@ -5,7 +5,9 @@ fp8_e4m3, fp8_e5m2) and through emulations of it; the table gives relative L2 er
 outputs summed over layers. Where benchmarks/kv_fidelity.py measures the end-to-end KL, this says which
 part of the kernel the emulator misses. Writes <out>/KERNEL_PROBE.md.
 
-    .venv/bin/python benchmarks/kv_kernel_probe.py --tokens 128
+    .venv/bin/python -m benchmarks.kv_kernel_probe --tokens 128
+
+The kernels run in a child of vLLM's interpreter (`python -m benchmarks.kv_kernel_probe --worker JOB RESULT`).
 """
 
 from __future__ import annotations
@@ -19,17 +21,22 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+from transformers import AttentionInterface, AutoModelForCausalLM
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from benchmarks.kv_fidelity import chunk_tokens
+from evals.models.resolve import resolve_model
+from evals.servers.interpreter import vllm_python
+from quant.fileio import atomic_write_text
+from quant.kv.profiles import AMX_FLUSH_BELOW, amx_fp8_attention, profile_format
+
 REPO = Path(__file__).resolve().parent.parent
+MODULE = "benchmarks.kv_kernel_probe"  # what the vLLM child runs: python -m MODULE --worker JOB RESULT
 
 
 def worker(job: Path, result: Path) -> None:
     """Child entry (.venv-vllm's python): the error table for the job's model and tokens."""
-    import torch
-    from transformers import AttentionInterface, AutoModelForCausalLM
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    sys.path.insert(0, str(REPO))
-
     spec = json.loads(job.read_text())
     torch._C._cpu._init_amx()  # vLLM's AMX kernel needs the tile permission oneDNN would request
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.bfloat16).eval()
@@ -43,8 +50,6 @@ def worker(job: Path, result: Path) -> None:
     model.set_attn_implementation("kv_probe_capture")
     with torch.no_grad():
         model(torch.tensor([spec["tokens"]]))
-
-    from quant.kv.profiles import AMX_FLUSH_BELOW, amx_fp8_attention, profile_format
 
     one = torch.ones((), dtype=torch.float32)
 
@@ -86,9 +91,8 @@ def worker(job: Path, result: Path) -> None:
 
 def kernel(q, k, v, dtype: str, block: int = 128):
     """vLLM-CPU's cache write + attention over one sequence: q [T, H, D], k/v [T, Hkv, D] bf16 -> float32."""
-    import torch
-    import vllm._custom_ops as ops
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    import vllm._custom_ops as ops  # vllm: only in vLLM's interpreter (the worker)
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # vllm: as above
 
     t, h, d = q.shape
     isa = _get_attn_isa(torch.bfloat16, block, d, dtype)
@@ -108,8 +112,6 @@ def kernel(q, k, v, dtype: str, block: int = 128):
 def emulate(q, k, v, bound: float, flush: str):
     """Plain causal attention over k/v [T, Hkv, D] float32, the references: 'exact' (float32 P), else
     ('final') bf16 P with inputs, raw Q.K and the final P.V below `bound` zeroed."""
-    import torch
-
     t, h, d = q.shape
     g = h // k.shape[1]
     kk, vv = (x.repeat_interleave(g, 1).transpose(0, 1) for x in (k, v))  # [H, T, D]
@@ -134,26 +136,18 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=128, help="first N tokens of the chunk")
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--out", type=Path, default=REPO / "reports" / "fidelity")
+    p.add_argument("--out", type=Path, default=REPO / "reports" / "benchmarks" / "kv_kernel_probe")
     ns = p.parse_args(argv)
-    sys.path.insert(0, str(REPO))
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from kv_fidelity import chunk_tokens
-
-    from evals.models import resolve_model
-    from evals.servers import vllm_python
-    from quant.fileio import atomic_write_text
-
     tokens = chunk_tokens(1, ns.tokens, ns.seed)[0]
     with tempfile.TemporaryDirectory(prefix="kv_probe_") as tmp:
         job, res = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"model": str(resolve_model("smollm2-135m").path), "tokens": tokens}))
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
-        subprocess.run([vllm_python(), __file__, "--worker", str(job), str(res)], check=True, env=env, cwd=REPO,
+        subprocess.run([vllm_python(), "-m", MODULE, "--worker", str(job), str(res)], check=True, env=env, cwd=REPO,
                        stdout=subprocess.DEVNULL)
         errors = json.loads(res.read_text())
     lines = ["# vLLM-CPU attention kernel against the emulator, per attention call", "",
-             (f"`benchmarks/kv_kernel_probe.py --tokens {ns.tokens}`: SmolLM2-135M-Instruct's post-RoPE Q/K/V of all "
+             (f"`python -m benchmarks.kv_kernel_probe --tokens {ns.tokens}`: SmolLM2-135M-Instruct's post-RoPE Q/K/V of all "
              f"layers on the first {len(tokens)} tokens of the first seeded WikiText-2 chunk (seed {ns.seed}), through "
              "vLLM 0.32's CPU cache write and attention (AMX-BF16 path, k/v scale 1.0) and through emulations. "
              "Relative L2 error of the attention outputs, summed over layers and heads."), "",

@@ -11,7 +11,7 @@ rounds with its own first round (a CPU server's batch composition can flip a gre
 the floor any agreement between clients is read against). Printed: each client's median wall time
 and every round's, and the ratio ours / lm-eval's (target: <= 1, "no slower").
 
-Usage: python benchmarks/openai_vs_lmeval.py [--model smollm2-135m] [--data-dir DIR] [--items 8]
+Usage: python -m benchmarks.openai_vs_lmeval [--model smollm2-135m] [--data-dir DIR] [--items 8]
        [--max-tokens 64] [--num-fewshot 5] [--concurrency 4] [--rounds 3] [--dtype float32] [--json out.json]
 """
 
@@ -30,9 +30,10 @@ from typing import Any
 from evals.data import resolve_data_dir
 from evals.engines import build_engine
 from evals.engines.base import GenerateRequest, GenerateResult
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from evals.run.selection import select_items
-from evals.servers import VllmServerSpec, start_server
+from evals.servers.spec import VllmServerSpec
+from evals.servers.start import start_server
 from evals.tasks import get_task
 from evals.tasks.base import TaskOptions
 
@@ -49,7 +50,7 @@ def agreement(a: Sequence[str], b: Sequence[str]) -> int:
 
 def lmeval_client(base_url: str, served: str, tokenizer: str, concurrency: int, max_tokens: int) -> Any:
     """lm-eval's local-completions model pointed at the server, string prompts, `concurrency` in flight."""
-    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    from lm_eval.models.openai_completions import LocalCompletionsAPI  # lm_eval: heavy, loaded when it runs
 
     return LocalCompletionsAPI(base_url=f"{base_url}/completions", model=served, tokenizer_backend="huggingface",
                                tokenizer=tokenizer, tokenized_requests=False, num_concurrent=concurrency,
@@ -58,7 +59,7 @@ def lmeval_client(base_url: str, served: str, tokenizer: str, concurrency: int, 
 
 def lmeval_generate(lm: Any, requests: Sequence[GenerateRequest]) -> list[str]:
     """The requests through lm-eval's generate_until (greedy, the task's stop strings and max_tokens)."""
-    from lm_eval.api.instance import Instance
+    from lm_eval.api.instance import Instance  # lm_eval: heavy, as above
 
     inst = [Instance("generate_until", {}, (r.prompt, {"until": list(r.until), "max_gen_toks": r.max_tokens,
                                                       "do_sample": False, "temperature": 0.0}), i)

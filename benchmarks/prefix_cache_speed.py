@@ -12,7 +12,7 @@ warm path (hit / queried tokens, the engine's counters), identical greedy text s
 whose teacher-forced log-probs are identical, max |delta log-prob| of the reference tokens, and the
 cold / warm wall-time ratio.
 
-Usage: python benchmarks/prefix_cache_speed.py [--data-dir DIR] [--sessions 2] [--turns 3] [--shots 3]
+Usage: python -m benchmarks.prefix_cache_speed [--data-dir DIR] [--sessions 2] [--turns 3] [--shots 3]
        [--max-tokens 32] [--block 64] [--kv none nvfp4+fp8w128] [--replay 0 128] [--json out.json]
 """
 
@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from evals.engines import build_engine
-from evals.engines.base import GenerateRequest, GenerateResult, TokenLogprobsRequest
-from evals.models import resolve_model
-from evals.records.samples import TokenLogprobs
+from evals.engines.base import GenerateRequest, GenerateResult, TokenLogprobs, TokenLogprobsRequest
+from evals.models.resolve import resolve_model
 
 SPECS: dict[str, dict[str, Any]] = {
     "none": {"format": "none"},

@@ -8,7 +8,7 @@ One run times, on the same [tokens, kv_heads, head_dim] bf16 tensor (default 819
 - the NVFP4 CPU references: compressed-tensors (qparams + quantize + dequantize) and torchao
   (NVFP4Tensor.to_nvfp4 + dequantize), when installed.
 It prints the best-of-N wall and CPU time per call (candidates interleaved round by round) and their
-ratios to the copy, and the NVFP4 speed-ups over each reference. Usage: python benchmarks/quant_speed.py [--tokens 8192] [--repeats 5] [--threads N]
+ratios to the copy, and the NVFP4 speed-ups over each reference. Usage: python -m benchmarks.quant_speed [--tokens 8192] [--repeats 5] [--threads N]
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ def time_round_robin(fns: dict[str, Callable[[], object]], repeats: int) -> dict
 def compressed_tensors_nvfp4(x: torch.Tensor) -> Callable[[], torch.Tensor] | None:
     """compressed-tensors' NVFP4 fake-quantization of x [..., D] (CPU eager path), or None if absent."""
     try:
-        from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize
-        from compressed_tensors.quantization.quant_scheme import NVFP4
-        from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam
+        # compressed_tensors: an optional test oracle (dev extra), heavy; timed only when installed
+        from compressed_tensors.quantization.lifecycle.forward import dequantize, quantize  # heavy
+        from compressed_tensors.quantization.quant_scheme import NVFP4  # heavy
+        from compressed_tensors.quantization.utils import calculate_qparams, generate_gparam  # heavy
     except ImportError:
         return None
     args = NVFP4["weights"]
@@ -69,7 +70,8 @@ def compressed_tensors_nvfp4(x: torch.Tensor) -> Callable[[], torch.Tensor] | No
 def torchao_nvfp4(x: torch.Tensor) -> Callable[[], torch.Tensor] | None:
     """torchao's NVFP4Tensor round trip of x [..., D] with a per-tensor scale, or None if absent."""
     try:
-        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+        # torchao: an optional test oracle (dev extra), heavy; timed only when installed
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale  # heavy
     except ImportError:
         return None
     x2d = x.reshape(-1, x.shape[-1])  # [tokens * heads, D]: torchao takes 2-D or 3-D

@@ -1,6 +1,6 @@
 """What `qa run` does in its own process before the first child starts: wall time and repeated work.
 
-    python benchmarks/run_startup.py [SPEC ...] [--data-dir DIR] [--repeat N]
+    python -m benchmarks.run_startup [SPEC ...] [--data-dir DIR] [--repeat N]
 
 For each spec (default: the README's main job, examples/smollm2_nvfp4_kv.toml) `qa run SPEC --out TMP` runs
 in this process into a fresh temporary folder and is stopped when it starts its first arm's worker: nothing
@@ -19,6 +19,7 @@ The counts are the measure of "resolved once": each should be 1 per task, spec a
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import subprocess
 import sys
@@ -27,23 +28,22 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from evals.data import load as load_data
+from evals.engines import parse_engine_args
+from evals.models.resolve import resolve_model
+from qa.cli.main import main as qa_main
+from qa.files.policy import parse_policy
+from qa.files.spec import parse_spec
 
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SPEC = ROOT / "examples" / "smollm2_nvfp4_kv.toml"
-# (file name suffix, function name) -> label of what is counted
-COUNTED: dict[tuple[str, str], str] = {
-    ("evals/data/__init__.py", "load"): "data read",
-    ("qa/spec.py", "parse_spec"): "spec parsed",
-    ("qa/files/spec.py", "parse_spec"): "spec parsed",
-    ("qa/policy.py", "parse_policy"): "policy parsed",
-    ("qa/files/policy.py", "parse_policy"): "policy parsed",
-    ("evals/engines/__init__.py", "parse_engine_args"): "engine args parsed",
-    ("evals/models.py", "resolve_model"): "model resolved",
-}
+# the code object of each counted function -> label of what is counted
+COUNTED: dict[CodeType, str] = {inspect.unwrap(fn).__code__: label for fn, label in (
+    (load_data, "data read"), (parse_spec, "spec parsed"), (parse_policy, "policy parsed"),
+    (parse_engine_args, "engine args parsed"), (resolve_model, "model resolved"))}
 
 
 STEPS = ("calibrate", "kv-inspect")  # worker roles that are not arms: run for real
@@ -71,8 +71,6 @@ def _stop_at_arm(real: Callable[..., Any], child_seconds: list[float]) -> Callab
 
 def _run_until_child(spec: Path, data_dir: Path | None) -> tuple[float, str]:
     """The parent's seconds from the CLI call to its first arm's worker, and that worker's `MODULE ROLE`."""
-    from qa.cli.main import main
-
     real_run, real_popen = subprocess.run, subprocess.Popen
     steps: list[float] = []
     subprocess.run = _stop_at_arm(real_run, steps)  # type: ignore[assignment]
@@ -81,7 +79,7 @@ def _run_until_child(spec: Path, data_dir: Path | None) -> tuple[float, str]:
     argv = ["run", str(spec), "--out", str(out)] + (["--data-dir", str(data_dir)] if data_dir else [])
     start = time.perf_counter()
     try:
-        main(argv)
+        qa_main(argv)
     except FirstArm as child:
         return time.perf_counter() - start - sum(steps), str(child)
     except SystemExit as exc:
@@ -103,7 +101,7 @@ def _counting(spec: Path, data_dir: Path | None) -> Counter[str]:
         if not code.co_filename.startswith(root):
             return
         rel = code.co_filename[len(root):].replace(os.sep, "/")
-        label = COUNTED.get((rel, code.co_name))
+        label = COUNTED.get(code)
         if label == "data read":
             label = f"data read: {frame.f_locals.get('name')}/{frame.f_locals.get('split') or 'eval'}"
         elif label is None and rel.startswith("evals/tasks/") and code.co_name == "build":

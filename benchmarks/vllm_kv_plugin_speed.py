@@ -12,7 +12,7 @@ decode-dominated. Each row runs the two arms interleaved --repeats times after a
 (the plugin's compiled quantizer compiles on its first call); the minimum wall time counts, since other
 processes share the cores.
 
-Usage: OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/vllm_kv_plugin_speed.py [--lengths 2048 8192 16384]
+Usage: OMP_NUM_THREADS=2 .venv-vllm/bin/python -m benchmarks.vllm_kv_plugin_speed [--lengths 2048 8192 16384]
        [--decode-tokens 64] [--repeats 3] [--format nvfp4] [--json out.json]
 """
 
@@ -33,7 +33,7 @@ from evals.engines.vllm.kv.switch import (  # after the env above: vLLM reads it
     loaded_record,
     plugin_on,
 )
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from quant.kv.spec import kv_spec_from_dict
 
 TARGET = 1.10  # the issue's bound on emulated / plain time, every row

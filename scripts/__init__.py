@@ -1,1 +1,2 @@
-"""Maintenance scripts (not installed): run as `python scripts/<name>.py`; their modules import as `scripts.*`."""
+"""Maintenance and study scripts (not installed): run from the repository root as `python -m scripts.<name>`
+(the shell scripts setup.sh, test.sh and gpu_check.sh as `scripts/<name>.sh`)."""

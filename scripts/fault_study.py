@@ -1,9 +1,9 @@
 """Fault injection and real engines (issue 7, items 4 and 5): run the specs through `qa run` and
 commit their comparison, verdict and reports (not the records) under reports/.
 
-    python scripts/fault_study.py faults  [--names v_scale_layout,aa] [--work DIR] [--seed-from RUN_DIR]
-    python scripts/fault_study.py engines [--names vllm_bf16_vs_fp8,...] [--seed-from RUN_DIR]
-    python scripts/fault_study.py table   # rebuild TABLE.md / SUMMARY.md from reports/{faults,engines}/
+    python -m scripts.fault_study faults  [--names v_scale_layout,aa] [--work DIR] [--seed-from RUN_DIR]
+    python -m scripts.fault_study engines [--names vllm_bf16_vs_fp8,...] [--seed-from RUN_DIR]
+    python -m scripts.fault_study table   # rebuild TABLE.md / SUMMARY.md from reports/{faults,engines}/
 
 faults: every spec in examples/faults/ shares the model, seed, baseline arm and tasks (checked), and
 each fault spec's candidate is the reference NVFP4 KV cache plus one preset of quant/kv/faults.py
@@ -21,9 +21,10 @@ agreement).
 
 Arms run under `nice -n 5` (the machine is shared). Each run directory goes to
 <work>/<group>/<name>/ (default reports/runs/study/, ignored by git); reports/<group>/<name>/ receives
-spec.toml, env.json, comparison.json, verdict.json, kv_inspect.json, report.md, report.html, plots/ and
-run.json (scripts/study_published.py). The tables (scripts/study_tables.py) are rebuilt from those
-folders alone, every decision and power number taken from the gate.
+spec.toml, resolved.json, policy.toml, env.json, comparison.json, verdict.json, kv_inspect.json, report.md,
+report.html, plots/ and run.json (the study's own note of how it ran the spec, scripts/study_published.py).
+The tables (scripts/study_tables.py) are rebuilt from those folders alone, every decision and power number
+taken from the gate.
 """
 
 from __future__ import annotations
@@ -34,17 +35,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 from quant.validation import did_you_mean
-from scripts.study_runs import AA_LARGE, ENGINES, FAULTS, REPORTS, run_engines, run_faults
+from scripts.study_runs import AA_LARGE, ENGINES, FAULTS, REPORTS, ROOT, run_engines, run_faults
 from scripts.study_tables import write_engine_summary, write_fault_table
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one part of the study (or only rebuild its tables); 0 when done."""
-    parser = argparse.ArgumentParser(prog="scripts/fault_study.py", description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m scripts.fault_study", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("part", choices=["faults", "engines", "table"])
     parser.add_argument("--names", default=None, help="comma-separated subset (default: all, in order)")
     parser.add_argument("--work", type=Path, default=ROOT / "reports" / "runs" / "study",

@@ -15,7 +15,7 @@ estimate written since carries it. For each such estimate of a lower-is-better m
 (McNemar's p-values are symmetric in its two counts, unchanged) and adds `higher_is_better: false` just
 before `ci_method`, where the schema puts it, so that Estimate.items_by_sign reads the swapped counts right
 and a second run finds nothing to do. delta, its intervals and tests are about the sign and stay as they
-are. A schema-1 file gets the same swap, before scripts/migrate_comparisons.py rewrites it in the current schema
+are. A schema-1 file gets the same swap, before `python -m scripts.migrate_comparisons` rewrites it in the current schema
 (taking items_worse / items_better from the fixed McNemar or flips counts). Flips keyed by a lower-is-better
 metric's name outside an estimate (a cache path's per-arm flips) carry no direction to test: the script
 stops with an error naming them (there are none in reports/ now).
@@ -28,7 +28,7 @@ re-gates every run to its recorded status) and the reports do not render them (c
 in reports/: `qa report` on the fixed file writes the report.md it writes on the old one but for that
 sha256), so in those three files of the same folder the old sha256 is replaced by the new one, nothing else.
 
-usage: .venv/bin/python scripts/fix_better_sign.py [REPORTS_DIR]
+usage: .venv/bin/python -m scripts.fix_better_sign [REPORTS_DIR]
 REPORTS_DIR defaults to reports/ (reports/withdrawn/ is left out); prints one line per file changed and
 `error: ...` with exit 2 for a file it cannot fix.
 """
@@ -43,11 +43,9 @@ from typing import Any
 
 import pydantic_core
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from qa.compare.direction import higher_is_better
 
-from qa.compare.direction import higher_is_better  # the repo's package, after sys.path is set
+ROOT = Path(__file__).resolve().parents[1]
 
 SWAPS = (("items_better", "items_worse"),)
 FLIP_SWAPS = (("n10", "n01"), ("regress_rate", "improve_rate"), ("regress_ci95", "improve_ci95"))

@@ -78,7 +78,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 
 out = Path(sys.argv[1])
 src = resolve_model("smollm2-135m").path

@@ -12,9 +12,10 @@ run writes). The run's verdict.json names the sha256 of the comparison it decide
 report.html print it: in those files of the same folder the old sha256 is replaced by the new one, nothing else
 (scripts.fix_better_sign.rename_comparison_sha). The gate reads the same numbers before and after
 (tests/qa/gate/test_committed_reports.py re-gates every committed run to its recorded status). A schema-1 file
-still counting a lower-is-better metric's items by sign is refused: run scripts/fix_better_sign.py on it first.
+still counting a lower-is-better metric's items by sign is refused: run `python -m scripts.fix_better_sign` on it
+first.
 
-usage: .venv/bin/python scripts/migrate_comparisons.py [FOLDER ...]
+usage: .venv/bin/python -m scripts.migrate_comparisons [FOLDER ...]
 FOLDER defaults to reports/ without reports/runs/ (local runs: name that folder to migrate them); prints one line
 per file migrated and `error: ...` with exit 2 for a file it cannot migrate (files before it stay migrated).
 """
@@ -30,15 +31,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-# the repo's packages, after sys.path is set
 from qa.files.comparison import COMPARISON_SCHEMA_VERSION, Comparison, save_comparison
 from quant.fileio import sha256_file
 from quant.validation import first_error
 from scripts.fix_better_sign import FixError, fix, rename_comparison_sha
+
+ROOT = Path(__file__).resolve().parents[1]
 
 OLD_SCHEMA = 1
 DROPPED_FIELDS = ("sigma_rule", "noninferiority", "tost", "mde", "n_needed", "repeats_needed", "information")
@@ -106,7 +104,7 @@ def migrate_file(path: Path) -> bool:
     by_sign: list[str] = []
     fix(doc, "", by_sign)  # only to find them: fix_better_sign owns that rewrite
     if by_sign:
-        raise MigrateError(f"{path}: estimate {by_sign[0]} counts items by sign; run scripts/fix_better_sign.py first")
+        raise MigrateError(f"{path}: estimate {by_sign[0]} counts items by sign; run `python -m scripts.fix_better_sign` first")
     try:
         comparison = Comparison.model_validate(migrate_v1(doc))
     except ValidationError as exc:

@@ -1,5 +1,6 @@
 """A published study folder, reports/<group>/<name>/: the run's spec, env, comparison, verdict and reports
-(not its records), plus run.json (`RunInfo`: how `scripts/fault_study.py` ran it). The tables read it back
+(not its records), plus run.json (`RunInfo`: how `python -m scripts.fault_study` ran it; `qa run` writes no
+run.json, this is the study's own note). The tables read it back
 as `Published`: the comparison, and the verdict the gate gives it now under the recorded policy."""
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def publish(run_dir: Path, dest: Path, info: RunInfo) -> None:
     """Copy the run's reports (not its records) to `dest`, plus run.json with `info`."""
     src, out = RunDir(run_dir), RunDir(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for path in (src.spec_file, src.env, src.comparison, src.verdict, src.report_md, src.report_html, src.kv_inspect):
+    for path in (src.spec_file, src.resolved, src.policy_file, src.env, src.comparison, src.verdict, src.report_md,
+                 src.report_html, src.kv_inspect):
         if path.exists():
             shutil.copy2(path, dest / path.name)
     if src.plots.is_dir():

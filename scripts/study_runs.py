@@ -1,7 +1,7 @@
 """Running the fault and engine studies: each spec through `qa run` (under `nice`), the shared baseline arm
 and calibration seeded into later run directories, and each run published to reports/<group>/<name>/.
 
-Seeding copies records/baseline/ (the spec's task files, its arm.json (`evals.run.arm.ArmManifest`) listing just those
+Seeding copies records/baseline/ (the spec's task files, its arm.json (`evals.records.arm_file.ArmManifest`) listing just those
 tasks) and calibration/
 into a fresh run directory; `qa run` then resumes: its baseline arm finds every sample on disk and writes
 nothing (checked: the seeded files' sha256 do not change). The hf engine on CPU is deterministic, so the
@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evals.run.arm import ARM_FILE, ArmManifest
+from evals.records.arm_file import ARM_FILE, ArmManifest
 from qa.files.rundir import RunDir, prepare_run_dir
 from qa.files.spec import ArmSpec, RunSpec, dump_spec, load_spec
 from qa.pipeline.processes import WORKER_MODULE, arm_python
 from qa.pipeline.resolve import resolve_run
 from quant.fileio import sha256_file
+from quant.kv.faults import fault_spec
+from quant.kv.spec import kv_spec_from_dict
 from scripts.study_published import Refusal, RunInfo, SeededCalibration, publish
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,9 +146,6 @@ def seed_calibration(spec: RunSpec, run_dir: Path, source: Path) -> SeededCalibr
 def load_fault_specs(names: Sequence[str]) -> dict[str, RunSpec]:
     """The fault specs, checked to share model, seed, baseline arm, tasks and (where set) calibration,
     and each fault's candidate kv to equal its preset applied to the reference KV cache."""
-    from quant.kv.faults import fault_spec
-    from quant.kv.spec import kv_spec_from_dict
-
     specs = {n: load_spec(FAULT_DIR / f"{n}.toml") for n in FAULTS}
     first = specs[FAULTS[0]]
     for name, spec in specs.items():

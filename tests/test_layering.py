@@ -1,12 +1,16 @@
 """The package layering, counted over every import (module level, inside functions, under TYPE_CHECKING):
 
 - dependencies point one way, qa -> evals -> quant (quant imports neither, evals never imports qa);
-- no import cycle between modules of the three packages;
+- the study drivers, benchmarks/ and scripts/ (packages run as `python -m benchmarks.<name>` and
+  `python -m scripts.<name>`, never on a sys.path edit), import qa, evals, quant and their own package's
+  modules, not each other; nothing imports them but the tests;
+- no import cycle between modules of these packages;
 - an import inside a function is there only for a heavy optional dependency: it names one (HEAVY) or a
   module of ours that loads one when it is imported, and says so in a comment on its line;
-- `qa.api` is the front door: nothing imports it but the `qa` package itself and the CLI (a thin shell over
-  it), so every step the API and the pipeline share lives below both;
-- no library module over the size limit, and no private name imported across modules.
+- `qa.api` is the front door: nothing in the library imports it but the `qa` package itself and the CLI (a
+  thin shell over it), so every step the API and the pipeline share lives below both; drivers may use it;
+- no library module over the size limit, and no private name imported across modules;
+- no module of ours, driver or test edits sys.path.
 """
 
 from __future__ import annotations
@@ -17,18 +21,23 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("quant", "evals", "qa")
+PACKAGES = ("quant", "evals", "qa")  # the library (installed)
+DRIVERS = ("benchmarks", "scripts")  # study drivers (not installed), run from the repository root with -m
+# What each top-level package may import of ours.
+ALLOWED = {"quant": ("quant",), "evals": ("evals", "quant"), "qa": ("qa", "evals", "quant"),
+           "benchmarks": ("benchmarks", "qa", "evals", "quant"), "scripts": ("scripts", "qa", "evals", "quant")}
 MAX_LINES = 450
 # Heavy optional dependencies: each costs a noticeable part of a second (or far more) to import, or is an
 # extra that a light command must not need. Only these justify an import inside a function.
 HEAVY = frozenset({"torch", "transformers", "vllm", "xllamacpp", "lm_eval", "datasets", "safetensors",
-                   "matplotlib", "huggingface_hub", "accelerate", "gguf", "statsmodels", "inspect_ai"})
+                   "matplotlib", "huggingface_hub", "accelerate", "gguf", "statsmodels", "inspect_ai",
+                   "torchao", "compressed_tensors"})  # the last two: test oracles (dev extra) a benchmark times
 FRONT_DOOR = "qa.api"
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for pkg in PACKAGES:
+    for pkg in PACKAGES + DRIVERS:
         for p in (ROOT / pkg).rglob("*.py"):
             name = ".".join(p.relative_to(ROOT).with_suffix("").parts)
             out[name.removesuffix(".__init__")] = p
@@ -76,7 +85,7 @@ class Imp:
 
     def externals(self) -> set[str]:
         """The top-level packages outside ours it imports."""
-        return {n.split(".")[0] for n in self.names if n.split(".")[0] not in PACKAGES}
+        return {n.split(".")[0] for n in self.names if n.split(".")[0] not in PACKAGES + DRIVERS}
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -144,10 +153,17 @@ def _line_has_comment(path: Path, node: ast.stmt) -> bool:
 
 
 def test_dependencies_point_one_way() -> None:
-    allowed = {"quant": ("quant",), "evals": ("evals", "quant"), "qa": ("qa", "evals", "quant")}
     bad = [f"{m} imports {t}" for m in MODULES for imp in _imports(m) for t in imp.targets()
-           if t.split(".")[0] not in allowed[m.split(".")[0]]]
+           if t.split(".")[0] not in ALLOWED[m.split(".")[0]]]
     assert not bad
+
+
+def test_the_drivers_are_packages_that_only_tests_import() -> None:
+    for pkg in DRIVERS:
+        assert (ROOT / pkg / "__init__.py").is_file(), f"{pkg}/ is not a package: `python -m {pkg}.<name>` fails"
+    users = {m for m in MODULES if m.split(".")[0] not in DRIVERS for imp in _imports(m)
+             if {t.split(".")[0] for t in imp.targets()} & set(DRIVERS)}
+    assert not users
 
 
 def test_no_import_cycle_counting_every_import() -> None:
@@ -192,27 +208,56 @@ def test_imports_inside_functions_are_only_for_heavy_dependencies() -> None:
 
 
 def test_the_front_door_is_imported_by_nothing_but_the_package() -> None:
-    users = {m for m in MODULES for imp in _imports(m) if FRONT_DOOR in imp.targets()}
+    users = {m for m in MODULES if m.split(".")[0] in PACKAGES for imp in _imports(m) if FRONT_DOOR in imp.targets()}
     assert users - {"qa"} == {m for m in users if m.startswith("qa.cli.")}
     assert "qa.cli.gate_cmd" in users  # the check sees the CLI's own use
 
 
 def test_no_library_module_over_the_size_limit() -> None:
-    big = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    big = {m: n for m, p in MODULES.items()
+           if m.split(".")[0] in PACKAGES and (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not big
 
 
 def test_no_private_name_imported_across_modules() -> None:
     bad = [f"{m}: from {imp.node.module} import {a.name}" for m in MODULES for imp in _imports(m)
            if isinstance(imp.node, ast.ImportFrom) and imp.node.module
-           and imp.node.module.split(".")[0] in PACKAGES for a in imp.node.names
+           and imp.node.module.split(".")[0] in PACKAGES + DRIVERS for a in imp.node.names
            if a.name.startswith("_") and not a.name.startswith("__")]
     assert not bad
 
 
+def _edits_sys_path(tree: ast.Module) -> list[int]:
+    """Lines that change sys.path: a call of one of its methods, or an assignment to it."""
+    def is_sys_path(node: ast.expr) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+            and node.value.id == "sys"
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_sys_path(node.func.value):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Assign | ast.AugAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            lines += [node.lineno for t in targets
+                      if is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value))]
+    return sorted(lines)
+
+
+def test_nothing_edits_sys_path() -> None:
+    files = [*MODULES.values(), *(ROOT / "tests").rglob("*.py")]
+    bad = [f"{p.relative_to(ROOT)}:{line}" for p in files
+           for line in _edits_sys_path(ast.parse(p.read_text(encoding="utf-8")))]
+    assert not bad, f"import by package name instead (python -m benchmarks.<name>): {bad}"
+
+
 def test_the_checks_see_what_they_claim() -> None:
-    """The walker finds imports inside functions, under TYPE_CHECKING, and the heavy loads of our modules."""
+    """The walker finds imports inside functions, under TYPE_CHECKING, and the heavy loads of our modules; the
+    drivers are walked like the library; a sys.path edit is seen."""
     inner = [i for m in MODULES for i in _imports(m) if i.in_function]
     assert inner, "no import inside a function was found at all: the walker is broken"
     assert _loads_heavy("quant.formats.nvfp4") == "torch"  # the reference quantizer is torch code
     assert _loads_heavy("quant.validation") is None
+    assert "scripts.study_published" in {t for imp in _imports("scripts.study_runs") for t in imp.targets()}
+    assert "benchmarks.kv_fidelity" in {t for imp in _imports("benchmarks.kv_kernel_probe") for t in imp.targets()}
+    assert _edits_sys_path(ast.parse("import sys\nsys.path.insert(0, 'x')\nsys.path = []\nsys.path[:0] = ['y']\n"
+                                     "print(sys.path)\n")) == [2, 3, 4]

@@ -266,7 +266,7 @@ def load_comparison(path: Path) -> Comparison:
     except json.JSONDecodeError as exc:
         raise QAError(f"{path}: not valid JSON ({exc.msg}); re-run `qa compare`") from None
     if isinstance(data, dict) and data.get("schema_version") == 1:
-        raise QAError(f"{path}: schema 1 comparison.json: run scripts/migrate_comparisons.py")
+        raise QAError(f"{path}: schema 1 comparison.json: run python -m scripts.migrate_comparisons")
     if not isinstance(data, dict) or data.get("schema_version") != COMPARISON_SCHEMA_VERSION:
         version = data.get("schema_version") if isinstance(data, dict) else None
         raise QAError(

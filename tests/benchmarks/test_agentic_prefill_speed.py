@@ -4,17 +4,11 @@ leaves (the prefix-cache path stores the prompt's whole blocks, the engine path 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
+from benchmarks import agentic_prefill_speed as aps
 from tests.evals.hf_fixtures import tiny_engine
 from tests.shared_data import shared_data_dir
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmark is a script, as test_kv_fidelity imports its own
-import agentic_prefill_speed as aps
 
 
 def test_prompts_have_the_asked_length_and_extend_each_other() -> None:

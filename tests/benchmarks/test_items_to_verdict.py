@@ -6,17 +6,15 @@ must end with the same verdict as fixed n; bad options are one-line errors with 
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import items_to_verdict as itv
 from evals.records.samples import SampleRecord, write_records
 from evals.run.selection import select_items
 from evals.tasks.base import Item
 
-ROOT = Path(__file__).resolve().parents[2]
 N, SEED = 200, 7
 ITEMS = [Item(item_id=f"q{i:03d}", doc={}) for i in range(N)]
 SPEC = f"""\
@@ -42,18 +40,6 @@ rules = ["noninferiority"]
 margin = 0.10
 min_n = 10
 """
-
-
-def _load():  # the benchmark is a script, not a package module
-    spec = importlib.util.spec_from_file_location("items_to_verdict", ROOT / "benchmarks" / "items_to_verdict.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["items_to_verdict"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-itv = _load()
 
 
 def _records(arm: str, wrong: set[str]) -> list[SampleRecord]:

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the benchmark is a script, as kv_kernel_probe.py imports it
-import kv_fidelity as kvf
+from benchmarks import kv_fidelity as kvf
 
 
 def _run(rows: list[list[tuple[list[int], list[float]]]]):
