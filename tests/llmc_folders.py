@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.models import DEFAULT_MODEL, resolve_model
+from evals.models.named import DEFAULT_MODEL
+from evals.models.resolve import resolve_model
 from tests.shared_data import shared_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]

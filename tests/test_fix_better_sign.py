@@ -86,4 +86,4 @@ def test_no_committed_comparison_keeps_the_old_counts() -> None:
             continue
         changed: list[str] = []
         fix(json.loads(path.read_bytes()), "", changed)
-        assert changed == [], f"{path}: run scripts/fix_better_sign.py"
+        assert changed == [], f"{path}: run python -m scripts.fix_better_sign"

@@ -93,4 +93,4 @@ def test_no_comparison_under_reports_is_left_in_schema_1() -> None:
     for path in sorted(reports.rglob("comparison.json")):
         if path.relative_to(reports).parts[0] == "runs":  # local runs, not committed
             continue
-        assert json.loads(path.read_bytes())["schema_version"] != 1, f"{path}: run scripts/migrate_comparisons.py"
+        assert json.loads(path.read_bytes())["schema_version"] != 1, f"{path}: run python -m scripts.migrate_comparisons"

@@ -91,7 +91,7 @@ def _spy_loads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 def test_trust_remote_code_reaches_transformers_only_when_the_spec_says_so(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec_says: bool | None) -> None:
     from evals.engines import build_engine
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
     from qa.files.rundir import RunDir
     from qa.pipeline.resolve import engine_args
 

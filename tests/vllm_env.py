@@ -1,4 +1,4 @@
-"""Where tests find the interpreter that runs vLLM: evals.servers.vllm_python(), else the test is skipped."""
+"""Where tests find the interpreter that runs vLLM: evals.servers.interpreter.vllm_python(), else the test is skipped."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from evals.errors import EngineError
 
 def vllm_python_or_skip() -> str:
     """The vLLM interpreter; skips the test when vLLM is not installed here, in .venv-vllm or at QA_VLLM_PYTHON."""
-    from evals.servers import vllm_python
+    from evals.servers.interpreter import vllm_python
 
     try:
         return vllm_python()

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from evals.records.samples import TokenLogprobs
+from pydantic import BaseModel, ConfigDict
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,23 @@ class GenerateResult:
 class LoglikelihoodResult:
     loglikelihoods: tuple[float, ...]  # one per continuation, natural log
     is_greedy: tuple[bool, ...]  # continuation equals the greedy tokens
+
+
+class TokenLogprobs(BaseModel):
+    """Teacher-forced next-token distribution summary for one text chunk (distribution probes), the
+    result of a TokenLogprobsRequest; a sample record stores it as is (evals.records.samples).
+
+    Position t predicts token t+1 of the chunk. `topk_ids[t]` / `topk_logprobs[t]` are the k most
+    likely tokens at t (natural-log probabilities, descending); `target_logprobs[t]` is the
+    log-probability of the actual next token.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    target_ids: list[int]
+    target_logprobs: list[float]
+    topk_ids: list[list[int]]
+    topk_logprobs: list[list[float]]
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from evals.models import cache_root
+from evals.models.cache import cache_root
 from quant.fileio import atomic_write_text
 from quant.scales.folder import FolderScales, ObservedAmax
 

@@ -1,3 +1,3 @@
-"""What an arm leaves on disk: SampleRecord JSONL (samples), fingerprints, env.json (env), and the
-import of lm-eval samples and Inspect AI logs.
+"""What an arm leaves on disk: SampleRecord JSONL (samples), arm.json (arm_file), fingerprints, env.json
+(env), and the import of lm-eval samples and Inspect AI logs.
 """

@@ -22,6 +22,7 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from evals.engines.base import TokenLogprobs
 from evals.errors import RecordError
 from quant.fileio import atomic_write_text, jsonl_objects
 from quant.validation import first_error
@@ -41,22 +42,6 @@ def first_non_finite(scores: Mapping[str, float | None]) -> str | None:
         if value is not None and not math.isfinite(value):
             return f"non-finite score {value} for {key!r}"
     return None
-
-
-class TokenLogprobs(BaseModel):
-    """Teacher-forced next-token distribution summary for one text chunk (distribution probes).
-
-    Position t predicts token t+1 of the chunk. `topk_ids[t]` / `topk_logprobs[t]` are the k most
-    likely tokens at t (natural-log probabilities, descending); `target_logprobs[t]` is the
-    log-probability of the actual next token.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    target_ids: list[int]
-    target_logprobs: list[float]
-    topk_ids: list[list[int]]
-    topk_logprobs: list[list[float]]
 
 
 class SampleRecord(BaseModel):

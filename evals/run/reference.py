@@ -17,9 +17,8 @@ import logging
 from collections.abc import Sequence
 
 from evals.engines import base
-from evals.engines.base import Engine, TokenLogprobsRequest
+from evals.engines.base import Engine, TokenLogprobs, TokenLogprobsRequest
 from evals.errors import EvalError
-from evals.records.samples import TokenLogprobs
 from evals.tasks.base import Item, Request, Task, WithReference, WithReferenceContext
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from evals.run.arm import ARM_FILE, ArmConfig, ArmManifest, ArmTask, ReusedFrom, arm_manifest
+from evals.records.arm_file import ARM_FILE, ArmManifest, ReusedFrom
+from evals.run.arm import ArmConfig, ArmTask, arm_manifest
 from evals.errors import RecordError
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from evals.run.resume import missing_samples
 from evals.tasks import get_task
 from quant.fileio import atomic_write_bytes

@@ -22,10 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from evals.engines import base
-from evals.engines.base import Engine
+from evals.engines.base import Engine, TokenLogprobs
 from evals.errors import EngineError, EvalError
 from evals.prompts.reasoning import ThinkSplit, is_truncated, split_reasoning, think_tags
-from evals.engines.base import TokenLogprobs
 from evals.records.samples import RecordWriter, SampleRecord, first_non_finite, sha256_text
 from evals.run.progress import settings_from_env, task_progress
 from evals.run.reference import ReferenceResult, chunk_references, has_reference, record_fields

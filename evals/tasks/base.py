@@ -17,9 +17,9 @@ from evals.engines.base import (
     GenerateResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    TokenLogprobs,
     TokenLogprobsRequest,
 )
-from evals.records.samples import TokenLogprobs
 
 TaskKind = Literal["generate", "loglikelihood", "token_logprobs"]
 Request = GenerateRequest | LoglikelihoodRequest | TokenLogprobsRequest

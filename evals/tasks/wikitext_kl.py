@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from evals import data
-from evals.engines.base import TokenLogprobsRequest
+from evals.engines.base import TokenLogprobs, TokenLogprobsRequest
 from evals.errors import EvalError
-from evals.records.samples import TokenLogprobs
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import check_options, int_option, probe_extra
 

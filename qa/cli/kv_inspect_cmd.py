@@ -16,7 +16,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evals.models import DEFAULT_MODEL, load_model, resolve_model
+from evals.models.load import load_model
+from evals.models.named import DEFAULT_MODEL
+from evals.models.resolve import resolve_model
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
 from qa.report.plots import write_kv_plot

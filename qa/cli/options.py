@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from evals.models import DEFAULT_MODEL
+from evals.models.named import DEFAULT_MODEL
 
 DataDirOpt = Annotated[
     Path | None, typer.Option("--data-dir", help="Data folder laid out like shared/data (default $QA_DATA_DIR, else the hub).")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evals.records.samples import TokenLogprobs
+from evals.engines.base import TokenLogprobs
 from qa.compare.pairing import PairedTask
 from qa.errors import PairingError
 from qa.files.comparison import ChunkValue, DistributionEstimate, DistributionMetric

@@ -67,7 +67,7 @@ class ServerRecord(_Frozen):
     """The local server a worker starts for an `openai` arm (127.0.0.1, a free port chosen at start)."""
 
     kind: ServerKind
-    spec: dict[str, JsonValue]  # the fields of evals.servers.LlamaCppServerSpec / VllmServerSpec
+    spec: dict[str, JsonValue]  # the fields of evals.servers.spec.LlamaCppServerSpec / VllmServerSpec
     ready_timeout_s: float | None = None
     log: str  # its log, relative to the run directory
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from evals.run.arm import ARM_FILE, ArmManifest
+from evals.records.arm_file import ARM_FILE, ArmManifest
 from evals.errors import RecordError
 from evals.provenance.engines import STATIC_ORIGINS, KVProvenance
 from qa.files.policy import Policy

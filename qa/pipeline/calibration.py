@@ -12,7 +12,8 @@ import torch
 
 from evals import data
 from evals.errors import DataError, ModelError
-from evals.models import load_model, resolve_model
+from evals.models.load import load_model
+from evals.models.resolve import resolve_model
 from quant.scales.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
 from quant.scales.export import export_model_folder
 from quant.fileio import jsonl_objects

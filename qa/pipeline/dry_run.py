@@ -18,10 +18,10 @@ from typing import Any
 from evals.engines.vllm.args import VllmEngineArgs
 from evals.engines.vllm.kv.spec import describe, plugin_env
 from evals.records.env import redact_env
-from evals.servers import VllmServerSpec, kv_plugin_env, llamacpp_command, vllm_server_command
+from evals.servers.commands import kv_plugin_env, llamacpp_command, vllm_server_command
+from evals.servers.spec import VllmServerSpec
 from qa.pipeline.preflight import Preflight, offline_kwargs
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
-from quant.kv.spec import kv_spec_from_dict
 
 PORT_SHOWN = "<free port>"  # a server's port is picked when it starts
 
@@ -52,8 +52,8 @@ def shown_command(arm: ResolvedArm) -> tuple[str, ...]:
 def plugin_switch(arm: ResolvedArm) -> tuple[dict[str, str], str | None]:
     """(the variables that switch the qa_kv plugin on for the arm's vLLM, a note saying what they ask for);
     ({}, None) when its K/V format is not emulated in vLLM."""
-    if isinstance(arm.server, VllmServerSpec) and arm.server.kv is not None:
-        env, spec = kv_plugin_env(arm.server), kv_spec_from_dict(dict(arm.server.kv))
+    if isinstance(arm.server, VllmServerSpec) and arm.server.kv_spec is not None:
+        env, spec = kv_plugin_env(arm.server), arm.server.kv_spec
     elif isinstance(arm.engine_args, VllmEngineArgs) and arm.engine_args.kv is not None:
         spec = arm.engine_args.kv
         env = plugin_env(spec)

@@ -18,8 +18,9 @@ from evals.engines.hf.fit import context_window
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import ModelError, one_line
-from evals.models import read_model_config, resolve_model
-from evals.servers import LlamaCppServerSpec, VllmServerSpec
+from evals.models.config import read_model_config
+from evals.models.resolve import resolve_model
+from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.run.arm import ArmManifest
+from evals.records.arm_file import ArmManifest
 from evals.run.reuse import check_reuse
 from evals.engines import hf
 from evals.engines.base import GenerateRequest
@@ -26,7 +26,8 @@ from evals.engines.openai_api.sampling import check_sampling
 from evals.engines.vllm.args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
 from evals.engines.vllm.check import ArmCheck, check_with_vllm
 from evals.errors import EngineError
-from evals.servers import VllmServerSpec, kv_plugin_env, vllm_server_command
+from evals.servers.commands import kv_plugin_env, vllm_server_command
+from evals.servers.spec import VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, arm_tasks
 from qa.pipeline.scale_fit import fit_scale_folders
 from quant.fileio import scales_paths

@@ -10,9 +10,10 @@ arm to its worker, which resumes or refuses with its own one-line error.
 
 from __future__ import annotations
 
-from evals.run.arm import ARM_FILE, ArmManifest, BuiltTask, arm_manifest
+from evals.records.arm_file import ARM_FILE, ArmManifest
+from evals.run.arm import BuiltTask, arm_manifest
 from evals.errors import EvalError
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from evals.records.samples import read_records
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, ResolvedTask
 

@@ -26,13 +26,14 @@ from pathlib import Path
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import ModelError
-from evals.models import ResolvedModel, load_model
+from evals.models.load import load_model
+from evals.models.resolve import ResolvedModel
 from evals.provenance.scale_fits import save_observed
-from evals.servers import VllmServerSpec
+from evals.servers.spec import VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 from quant.errors import QuantError
 from quant.scales.folder import ObservedAmax, ResolvedScales, read_folder_scales, resolve_folder_scales
-from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
+from quant.kv.spec import KVQuantSpec
 
 FIT_DATA = "wikitext2"
 FIT_PROMPTS = 4  # chunks observed: 4 x 128 = 512 tokens (the fit's tolerance is sqrt(6), module docstring)
@@ -68,8 +69,8 @@ def folder_source(arm: ResolvedArm) -> FolderSource | None:
     elif isinstance(args, VllmEngineArgs) and args.kv is not None:
         kv, load, reader = args.kv, vllm_load(args.flags()), "the vLLM qa_kv plugin"
         source = kv.scales_file
-    elif isinstance(server, VllmServerSpec) and server.kv is not None:
-        kv, load, reader = kv_spec_from_dict(dict(server.kv)), vllm_load(server.args), "the vLLM qa_kv plugin"
+    elif isinstance(server, VllmServerSpec) and server.kv_spec is not None:
+        kv, load, reader = server.kv_spec, vllm_load(server.args), "the vLLM qa_kv plugin"
         source = kv.scales_file
     else:
         return None

@@ -35,7 +35,7 @@ def save_tiny(folder: Path) -> Path:
 def smollm2_or_skip():  # -> ResolvedModel
     """SmolLM2-135M-Instruct when its package is installed, else skip the test."""
     from evals.errors import ModelError
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
 
     try:
         return resolve_model("smollm2-135m")

@@ -23,7 +23,7 @@ REPLAY = 64
 
 
 def gemma_or_skip():  # -> ResolvedModel
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
 
     try:
         return resolve_model(NAME)

@@ -10,9 +10,10 @@ import pytest
 
 from evals import data
 from evals.errors import DataError
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from evals.offline import OFFLINE_DEFAULTS, OFFLINE_VARS, hub_offline, offline_env
-from evals.servers import LlamaCppServerSpec, VllmServerSpec, server_env
+from evals.servers.commands import server_env
+from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 
 FALSE = ["0", "false", "no", "off", "OFF", "False", " No "]  # huggingface_hub's false spellings, any case
 NOT_FALSE = ["1", "true", "YES", "on", "", "maybe"]  # a true value or anything else: offline

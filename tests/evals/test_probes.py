@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.engines.base import GenerateRequest, GenerateResult, TokenLogprobsRequest
+from evals.engines.base import GenerateRequest, GenerateResult, TokenLogprobs, TokenLogprobsRequest
 from evals.errors import EvalError
-from evals.records.samples import TokenLogprobs
 from evals.tasks import get_task
 from evals.tasks.base import TaskOptions
 from evals.tasks.needle import CHARS_PER_TOKEN, INSTRUCTION, NeedleTask, first_number

@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from evals.records.samples import SampleRecord, TokenLogprobs, sha256_text
+from evals.engines.base import TokenLogprobs
+from evals.records.samples import SampleRecord, sha256_text
 
 TASK = "sessions"
 KEY = "exact_match,none"

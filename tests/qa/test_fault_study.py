@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from scipy import stats
 
-from evals.run.arm import ArmIdentity, ArmManifest, TaskEntry
+from evals.records.arm_file import ArmIdentity, ArmManifest, TaskEntry
 from qa.api import gate
 from qa.files.policy import TaskPolicy, parse_policy
 from qa.files.spec import dump_spec, load_spec, parse_spec

@@ -16,13 +16,12 @@ from typing import Any
 
 import torch
 
-from evals.engines.base import Failure, GenerateRequest, GenerateResult, TokenLogprobsRequest
+from evals.engines.base import Failure, GenerateRequest, GenerateResult, TokenLogprobs, TokenLogprobsRequest
 from evals.engines.hf.decode import Member, generate_stream
 from evals.engines.hf.logprobs import scored_row, shortest_floats
 from evals.engines.hf.model import HFModel
 from evals.engines.hf.prefix_cache import PrefixCache
 from evals.engines.hf.sequence import pick, sampler, step_result, stop_window
-from evals.records.samples import TokenLogprobs
 
 
 def cached_generate(hf: HFModel, cache: PrefixCache,

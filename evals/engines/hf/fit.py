@@ -15,7 +15,7 @@ from typing import Any
 
 from evals.engines.hf.args import HFEngineArgs
 from evals.errors import EngineError
-from evals.models import ResolvedModel
+from evals.models.resolve import ResolvedModel
 from quant.errors import QuantError
 from quant.kv.shape import SLIDING_LAYER_TYPES, ModelKVShape, model_kv_shape
 from quant.kv.spec import PrefixCacheSpec

@@ -31,9 +31,9 @@ from evals.engines.openai_api.prefix_cache import ServerPrefixCache, response_to
 from evals.engines.openai_api.sampling import ServerKind, check_sampling, kind_from_models, sampling_body
 from evals.engines.stops import cut_at_stop
 from evals.errors import EngineError
-from evals.models import ResolvedModel
+from evals.models.resolve import ResolvedModel
 from evals.offline import hub_mode, hub_offline
-from evals.records.samples import TokenLogprobs
+from evals.engines.base import TokenLogprobs
 
 log = logging.getLogger(__name__)
 

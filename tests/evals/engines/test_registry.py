@@ -22,7 +22,7 @@ from evals.engines.hf.args import HFEngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import EngineError
-from evals.models import ResolvedModel
+from evals.models.resolve import ResolvedModel
 
 NO_MODEL = ResolvedModel(name="fake", path=None, hub_id="fake/none", file_hash=None)
 

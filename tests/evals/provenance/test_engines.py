@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.run.arm import ARM_FILE, EngineSummary, parse_arm, run_arm
+from evals.records.arm_file import ARM_FILE, EngineSummary
+from evals.run.arm import parse_arm, run_arm
 from evals.engines.hf.args import parse_args
 from evals.engines.openai_api.args import parse_openai_args
 from evals.engines.vllm.introspect import provenance_from_worker, scales_origin

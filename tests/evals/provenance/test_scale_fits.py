@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.run.arm import ARM_FILE, parse_arm, run_arm
+from evals.records.arm_file import ARM_FILE
+from evals.run.arm import parse_arm, run_arm
 from evals.provenance.engines import KVProvenance
 from evals.provenance.scale_fits import FITS_DIR, fit_path, load_observed, save_observed
 from quant.scales.folder import ObservedAmax, read_folder_scales

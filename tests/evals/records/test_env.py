@@ -82,7 +82,7 @@ def test_arm_env_is_recorded_with_secrets_redacted(tmp_path: Path) -> None:
 def test_arm_manifest_records_env_redacted_and_old_fingerprints_stay() -> None:
     from evals.run.arm import ArmConfig, arm_manifest
     from evals.records.env import REDACTED
-    from evals.models import ResolvedModel
+    from evals.models.resolve import ResolvedModel
 
     model = ResolvedModel(name="m", path=None, hub_id="org/m", file_hash=None)
     plain = arm_manifest(ArmConfig(name="a", model="m", engine="hf", engine_args={}), model, [])

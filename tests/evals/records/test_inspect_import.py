@@ -48,8 +48,9 @@ def _serve_and_eval(cache_type: str, tasks: dict[str, Any], fmt: str, out: Path)
     """Start llama.cpp's server with K/V of `cache_type`, run each Inspect task against it, stop it by pid."""
     from inspect_ai import eval as inspect_eval
 
-    from evals.servers import LlamaCppServerSpec, start_server
-    from tests.evals.test_servers import _smollm2_gguf
+    from evals.servers.spec import LlamaCppServerSpec
+    from evals.servers.start import start_server
+    from tests.evals.servers.test_start import _smollm2_gguf
 
     gguf = _smollm2_gguf()
     if gguf is None:

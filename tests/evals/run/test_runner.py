@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.run.arm import ARM_FILE, parse_arm, run_arm
+from evals.records.arm_file import ARM_FILE
+from evals.run.arm import parse_arm, run_arm
 from evals.engines import base as engine_base
 from evals.errors import EvalError, RecordError
-from evals.records.samples import TokenLogprobs, read_records
+from evals.engines.base import TokenLogprobs
+from evals.records.samples import read_records
 from evals.run.runner import run_task
 from evals.run.selection import sample_seed, select_items
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind

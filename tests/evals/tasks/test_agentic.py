@@ -116,7 +116,7 @@ def test_lookup_and_gsm8k_turns_keep_the_sessions_scorers(data: Path) -> None:
 
 def test_sessions_grow_to_about_session_tokens_on_smollm2(data: Path) -> None:
     from evals.errors import ModelError
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
 
     try:
         path = resolve_model("smollm2-135m").path

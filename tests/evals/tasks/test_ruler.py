@@ -95,7 +95,7 @@ def test_the_haystack_is_wikitext_prose_and_token_counts_are_approximated(data: 
 
 def test_lengths_stay_inside_their_budget_on_smollm2(data: Path) -> None:
     from evals.errors import ModelError
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
 
     try:
         path = resolve_model("smollm2-135m").path

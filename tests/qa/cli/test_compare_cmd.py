@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from evals.records.samples import SampleRecord, TokenLogprobs, write_records
+from evals.engines.base import TokenLogprobs
+from evals.records.samples import SampleRecord, write_records
 from qa.cli import main
 from qa.files.comparison import load_comparison
 from qa.stats.paired_tests import tango_interval

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from evals.records.samples import SampleRecord, TokenLogprobs, sha256_text
+from evals.engines.base import TokenLogprobs
+from evals.records.samples import SampleRecord, sha256_text
 
 KEY = "exact_match,strict-match"
 

@@ -10,7 +10,8 @@ import statsmodels.api as sm
 from scipy import stats
 from scipy.special import log_softmax
 
-from evals.records.samples import SampleRecord, TokenLogprobs
+from evals.engines.base import TokenLogprobs
+from evals.records.samples import SampleRecord
 from qa.compare.distribution import distribution_estimates, token_stats, topk_kl
 from qa.compare.pairing import pair_records
 from qa.errors import PairingError

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import statsmodels.api as sm
 
-from evals.records.samples import SampleRecord, TokenLogprobs
+from evals.engines.base import TokenLogprobs
+from evals.records.samples import SampleRecord
 from qa.compare.arms import Arm, compare_arms
 from qa.compare.pairing import pair_records
 from qa.compare.reference import REFERENCE_ERROR_KEY, reference_estimate

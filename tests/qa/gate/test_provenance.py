@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.run.arm import ARM_FILE, ArmIdentity, ArmManifest, EngineSummary
+from evals.records.arm_file import ARM_FILE, ArmIdentity, ArmManifest, EngineSummary
 from evals.provenance.engines import KVProvenance, LayerScales
 from qa import api
 from qa.files.policy import default_policy, default_policy_text, parse_policy

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.run.arm import ArmManifest
+from evals.records.arm_file import ArmManifest
 from evals.errors import RecordError
 from evals.records.samples import read_records
 from qa import api

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from evals.errors import EngineError
-from evals.servers import VLLM_PYTHON_ENV
+from evals.servers.interpreter import VLLM_PYTHON_ENV
 from qa import api
 from qa.files.spec import parse_spec
 from qa.pipeline.dry_run import PORT_SHOWN, PlannedArm

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evals.engines.vllm.kv.spec import PLUGIN_ENV
-from evals.servers import VLLM_PYTHON_ENV
+from evals.servers.interpreter import VLLM_PYTHON_ENV
 from qa import api
 from qa.errors import SpecError
 from qa.files.spec import load_spec, parse_spec

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.servers import VLLM_PYTHON_ENV
+from evals.servers.interpreter import VLLM_PYTHON_ENV
 from qa import api
 from qa.files.spec import parse_spec
 from qa.pipeline.dry_run import PlannedArm

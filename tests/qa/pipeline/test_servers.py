@@ -15,6 +15,7 @@ import pytest
 from evals.records.samples import read_records
 from qa.errors import SpecError
 from qa.files.spec import parse_spec
+from tests.processes import alive
 from tests.shared_data import shared_data_dir
 from tests.vllm_env import vllm_python_or_skip
 
@@ -89,19 +90,11 @@ def _qa_run(spec: Path, run: Path) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=900, check=False)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.slow
 def test_qa_run_starts_and_stops_llamacpp_servers(tmp_path: Path) -> None:
     pytest.importorskip("xllamacpp", reason="xllamacpp (llama.cpp server wheel) is not installed")
     from evals.errors import ModelError
-    from evals.models import gguf_file
+    from evals.models.gguf import gguf_file
 
     try:
         gguf_file("smollm2-135m")
@@ -122,7 +115,7 @@ def test_qa_run_starts_and_stops_llamacpp_servers(tmp_path: Path) -> None:
     started = re.findall(r"(baseline|candidate): llamacpp server on http://127\.0\.0\.1:(\d+)/v1 \(pid (\d+)",
                          first.stdout)
     assert [role for role, _, _ in started] == ["baseline", "candidate"], first.stdout[-2000:]
-    assert not any(_alive(int(pid)) for _, _, pid in started)  # both stopped by pid
+    assert not any(alive(int(pid)) for _, _, pid in started)  # both stopped by pid
     for role in ("baseline", "candidate"):
         records = read_records(run / "records" / role / "gsm8k.jsonl")
         assert len(records) == 3 and all(r.error is None and r.completion is not None for r in records)

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from evals.run.arm import ArmIdentity, ArmManifest, EngineSummary
+from evals.records.arm_file import ArmIdentity, ArmManifest, EngineSummary
 from qa.api import gate
 from qa.files.policy import default_policy, parse_policy
 from qa.files.rundir import RunDir

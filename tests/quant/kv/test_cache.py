@@ -278,7 +278,8 @@ def test_make_cache_rejects_bad_layers_scales_and_shapes(llama):
 @pytest.fixture(scope="module")
 def smollm2():
     from evals.errors import ModelError
-    from evals.models import load_model, resolve_model
+    from evals.models.load import load_model
+    from evals.models.resolve import resolve_model
 
     try:
         model, tokenizer = load_model(resolve_model("smollm2-135m"))

@@ -187,7 +187,8 @@ def test_static_head_scales_quantize_each_head_with_its_own_scale(llama, chunks)
 
 def test_smollm2_scales_file_matches_independent_amax_per_layer(tmp_path):
     from evals.errors import ModelError
-    from evals.models import load_model, resolve_model
+    from evals.models.load import load_model
+    from evals.models.resolve import resolve_model
 
     try:
         model, _ = load_model(resolve_model("smollm2-135m"))

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from evals.models import load_model, resolve_model
+from evals.models.load import load_model
+from evals.models.resolve import resolve_model
 from qa.pipeline.calibration import load_prompts
 from quant.scales.folder import read_folder_scales, resolve_folder_scales
 from quant.kv.cache import make_cache

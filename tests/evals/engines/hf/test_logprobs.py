@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from evals.engines.base import Failure, TokenLogprobsRequest
+from evals.engines.base import Failure, TokenLogprobs, TokenLogprobsRequest
 from evals.engines.hf.engine import HFEngine
 from evals.engines.hf.logprobs import shortest_floats
-from evals.records.samples import TokenLogprobs
 from tests.evals.hf_fixtures import PROMPTS
 
 

@@ -12,10 +12,10 @@ from evals.engines.base import (
     GenerateResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    TokenLogprobs,
     TokenLogprobsRequest,
 )
 from evals.engines.hf.engine import HFEngine
-from evals.records.samples import TokenLogprobs
 from tests.evals.hf_fixtures import PROMPTS, tiny_engine
 
 

@@ -16,8 +16,8 @@ from evals.engines.lmeval_tokens import PairTokenizer
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.openai_api.client import api_key_from_env
 from evals.engines.openai_api.completions import OpenAIEngine
-from evals.models import ResolvedModel
-from evals.servers import free_port, stop_pid
+from evals.models.resolve import ResolvedModel
+from evals.servers.process import free_port, stop_pid
 
 # The scripted server. Prompt markers choose the behaviour; every request is appended to LOG as
 # one JSON line {"prompt", "auth", "path", "body"} before it is answered. MODE "vllm" names vLLM as

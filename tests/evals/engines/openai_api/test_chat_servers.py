@@ -20,11 +20,13 @@ from evals.engines import build_engine
 from evals.engines.hf.tokens import HFTokens
 from evals.engines.vllm.args import CPU_KV_CACHE_BYTES
 from evals.errors import EngineError
-from evals.models import ResolvedModel
+from evals.models.resolve import ResolvedModel
 from evals.records.samples import SampleRecord, read_records, sha256_text
 from evals.run.runner import run_task
 from evals.run.selection import select_items
-from evals.servers import LlamaCppServerSpec, LocalServer, VllmServerSpec, start_server, vllm_python
+from evals.servers.interpreter import vllm_python
+from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
+from evals.servers.start import LocalServer, start_server
 from evals.tasks import get_task
 from evals.tasks.base import Task, TaskOptions
 from tests.evals.hf_fixtures import smollm2_or_skip

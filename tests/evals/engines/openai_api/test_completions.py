@@ -13,11 +13,11 @@ from evals.engines.base import (
     GenerateResult,
     LoglikelihoodRequest,
     LoglikelihoodResult,
+    TokenLogprobs,
     TokenLogprobsRequest,
 )
 from evals.engines.openai_api.completions import EchoedPrompt, check_echo, parse_echo, token_id
 from evals.errors import EngineError
-from evals.records.samples import TokenLogprobs
 from tests.evals.engines.openai_api.fake_server import CharTokenizer, FakeServer, engine_at
 
 

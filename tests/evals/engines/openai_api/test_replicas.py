@@ -15,7 +15,7 @@ import pytest
 from evals.engines import parse_engine_args
 from evals.engines.base import GenerateRequest, GenerateResult
 from evals.errors import EngineError
-from evals.servers import free_port
+from evals.servers.process import free_port
 from tests.evals.engines.openai_api.fake_server import FakeServer, engine_at
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from evals.engines.vllm.check import ArmCheck, CheckOutcome, CheckReport, check_with_vllm
 from evals.errors import EngineError
-from evals.servers import VllmServerSpec, vllm_server_command
+from evals.servers.commands import vllm_server_command
+from evals.servers.spec import VllmServerSpec
 from tests.vllm_env import vllm_python_or_skip
 
 KV_CAP = {"kv_cache_memory_bytes": 1 << 30}

@@ -16,8 +16,8 @@ from evals.engines import build_engine, parse_engine_args
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.vllm.offline import VllmEngine, check_kv_dtype, supported_kv_dtypes
 from evals.errors import EngineError
-from evals.models import ResolvedModel, resolve_model
-from evals.records.samples import TokenLogprobs
+from evals.models.resolve import ResolvedModel, resolve_model
+from evals.engines.base import TokenLogprobs
 from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
 
 pytestmark = pytest.mark.vllm

@@ -15,8 +15,8 @@ from evals.engines import base as engine_base
 from evals.engines import build_engine
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.vllm.offline import VllmEngine
-from evals.models import ResolvedModel
-from evals.records.samples import TokenLogprobs
+from evals.models.resolve import ResolvedModel
+from evals.engines.base import TokenLogprobs
 from tests.evals.hf_fixtures import smollm2_or_skip
 
 pytestmark = pytest.mark.vllm

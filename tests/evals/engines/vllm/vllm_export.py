@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from quant.scales.files import KVScales
 from tests.tiny_models import CORPUS
 

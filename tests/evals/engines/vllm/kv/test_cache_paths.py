@@ -17,7 +17,7 @@ import torch
 
 from evals.engines import build_engine
 from evals.engines.vllm.kv import emulate
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from quant.formats import nvfp4
 
 pytestmark = pytest.mark.vllm

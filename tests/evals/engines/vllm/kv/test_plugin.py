@@ -21,7 +21,7 @@ from evals.engines import build_engine
 from evals.engines.vllm.kv import emulate
 from evals.engines.vllm.kv.plugin import KVPluginRefusal, classify
 from evals.errors import EngineError
-from evals.models import ResolvedModel, resolve_model
+from evals.models.resolve import ResolvedModel, resolve_model
 from qa.gate.provenance import check_scales
 from quant.formats import nvfp4
 from quant.fileio import scales_paths, sha256_file

@@ -22,8 +22,9 @@ from evals.engines.vllm.kv.record import (
 from evals.engines.vllm.kv.spec import PLUGIN_ENV
 from evals.engines.vllm.kv.switch import loaded_record
 from evals.errors import EngineError
-from evals.servers import VllmServerSpec, kv_plugin_env, server_env
-from qa.pipeline.servers import check_plugin_ran
+from evals.servers.commands import kv_plugin_env, server_env
+from evals.servers.spec import VllmServerSpec
+from evals.servers.start import check_plugin_ran
 
 KV = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
 SPEC = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}

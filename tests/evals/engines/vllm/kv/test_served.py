@@ -10,10 +10,11 @@ import pytest
 
 from evals.engines import base as engine_base
 from evals.engines import build_engine
-from evals.models import resolve_model
+from evals.models.resolve import resolve_model
 from evals.provenance.server_log import server_provenance
-from evals.servers import VllmServerSpec, start_server, vllm_server_command
-from qa.pipeline.servers import check_plugin_ran
+from evals.servers.commands import vllm_server_command
+from evals.servers.spec import VllmServerSpec
+from evals.servers.start import check_plugin_ran, start_server
 from tests.vllm_env import vllm_python_or_skip
 
 pytestmark = pytest.mark.vllm

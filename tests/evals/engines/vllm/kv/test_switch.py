@@ -13,7 +13,8 @@ import pytest
 from evals.engines.vllm.kv.spec import PLUGIN_ENV
 from evals.engines.vllm.kv.switch import plugin_off
 from evals.errors import EngineError
-from evals.servers import VllmServerSpec, server_env
+from evals.servers.commands import server_env
+from evals.servers.spec import VllmServerSpec
 
 NVFP4 = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
 
