@@ -33,11 +33,11 @@ from evals.provenance.record import (  # noqa: F401 - the models, re-exported: c
 )
 from evals.provenance.scale_fits import load_observed
 from evals.provenance.server_log import server_provenance
-from quant.scales.conventions import VLLM_FOLDER_FORMATS
 from quant.errors import QuantError
 from quant.fileio import sha256_file
-from quant.scales.folder import has_kv_scales, read_folder_scales, resolve_folder_scales
 from quant.kv.spec import KVQuantSpec
+from quant.scales.conventions import VLLM_FOLDER_FORMATS
+from quant.scales.folder import has_kv_scales, read_folder_scales, resolve_folder_scales
 
 
 def emulator_provenance(args: HFEngineArgs, model: str | None = None) -> KVProvenance:

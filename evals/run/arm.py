@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from evals.engines import EngineName, args_model, build_engine, parse_engine_args
 from evals.engines.args import EngineArgs
@@ -27,7 +35,13 @@ from evals.provenance.engines import engine_provenance
 from evals.provenance.server_log import server_log_path
 from evals.records.arm_file import ARM_FILE, RESUME_HINT, ArmIdentity, ArmManifest, EngineSummary, TaskEntry
 from evals.records.env import redact_env
-from evals.records.fingerprint import canonical_json, digest, options_identity, scales_by_name, scales_file_hashes
+from evals.records.fingerprint import (
+    canonical_json,
+    digest,
+    options_identity,
+    scales_by_name,
+    scales_file_hashes,
+)
 from evals.run.resume import RunSummary
 from evals.run.runner import run_task
 from evals.tasks import get_task

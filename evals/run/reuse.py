@@ -16,10 +16,10 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from evals.records.arm_file import ARM_FILE, ArmManifest, ReusedFrom
-from evals.run.arm import ArmConfig, ArmTask, arm_manifest
 from evals.errors import RecordError
 from evals.models.resolve import resolve_model
+from evals.records.arm_file import ARM_FILE, ArmManifest, ReusedFrom
+from evals.run.arm import ArmConfig, ArmTask, arm_manifest
 from evals.run.resume import missing_samples
 from evals.tasks import get_task
 from quant.fileio import atomic_write_bytes

@@ -38,13 +38,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from evals.run.context_fit import SESSION_LENGTH_OPTIONS, session_overflow
 from evals.engines import base
 from evals.engines.base import Engine, PrefixCacheControl, PrefixCacheStats, TokenLogprobs
 from evals.errors import EngineError, EvalError
-from evals.run.progress import settings_from_env, task_progress
 from evals.prompts.reasoning import is_truncated, split_reasoning, think_tags
 from evals.records.samples import RecordWriter, SampleRecord, first_non_finite, sha256_text
+from evals.run.context_fit import SESSION_LENGTH_OPTIONS, session_overflow
+from evals.run.progress import settings_from_env, task_progress
 from evals.run.reference import record_fields
 from evals.run.resume import RunSummary, missing_samples
 from evals.run.selection import sample_seed

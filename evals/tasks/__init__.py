@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
-from evals.prompts.chat import chat_template
 from evals.errors import EvalError
+from evals.prompts.chat import chat_template
 from evals.tasks.base import Task, TaskOptions, WithReference
 from quant.validation import did_you_mean
 

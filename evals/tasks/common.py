@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from evals.prompts.chat import ChatPrompt, ChatRenderer, ChatStyle, ChatTemplate, TemplateKwargs
 from evals.data import Row
 from evals.engines.base import GenerateRequest, LoglikelihoodRequest
 from evals.errors import EvalError
+from evals.prompts.chat import ChatPrompt, ChatRenderer, ChatStyle, ChatTemplate, TemplateKwargs
 from evals.tasks.base import Item, Request, TaskOptions
 
 TARGET_DELIMITER = " "  # lm_eval.config.task.TaskConfig default

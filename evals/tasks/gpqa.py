@@ -25,9 +25,9 @@ from pathlib import Path
 from lm_eval.filters.extraction import MultiChoiceRegexFilter, RegexFilter
 
 from evals import data
-from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import GenerateResult
+from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     RANDOM_SEED,

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from evals import data
-from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import GenerateResult
+from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     GenSettings,

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from evals import data
-from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.data import Row
 from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.errors import EvalError
+from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     TARGET_DELIMITER,

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from evals.prompts.chat import ChatTemplate
 from evals.data import Row
+from evals.prompts.chat import ChatTemplate
 from evals.tasks.base import TaskOptions
 from evals.tasks.common import resolve_fewshot, task_version
 from evals.tasks.multiple_choice import MCBuilder, MCScorer, MultipleChoiceTask, mc_chat

@@ -20,9 +20,9 @@ from rich.table import Table
 from evals.models.named import DEFAULT_MODEL
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
-from quant.scales.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS
 from quant.errors import QuantError
 from quant.formats.catalog import EXPORT_TARGETS
+from quant.scales.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS
 from quant.validation import first_error
 
 if TYPE_CHECKING:

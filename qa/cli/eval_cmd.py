@@ -14,10 +14,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from evals.run.arm import ArmTask, parse_arm, run_arm
 from evals.data import resolve_data_dir
 from evals.errors import EvalError
 from evals.models.named import DEFAULT_MODEL
+from evals.run.arm import ArmTask, parse_arm, run_arm
 from evals.tasks.base import TaskOptions
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, ModelOpt

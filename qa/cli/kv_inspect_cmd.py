@@ -24,9 +24,9 @@ from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, 
 from qa.report.plots import write_kv_plot
 from quant.errors import QuantError
 from quant.kv.fault_presets import FAULT_PRESETS, fault_spec
-from quant.scales.folder import has_kv_scales
 from quant.kv.inspect_report import FolderScalesCheck, InspectReport
 from quant.kv.spec import kv_spec_from_dict
+from quant.scales.folder import has_kv_scales
 
 
 @app.command("kv-inspect")

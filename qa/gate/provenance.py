@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from evals.records.arm_file import ARM_FILE, ArmManifest
 from evals.errors import RecordError
 from evals.provenance.engines import STATIC_ORIGINS, KVProvenance
+from evals.records.arm_file import ARM_FILE, ArmManifest
 from qa.files.policy import Policy
 from qa.files.verdict import Verdict
 

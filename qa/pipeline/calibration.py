@@ -14,9 +14,9 @@ from evals import data
 from evals.errors import DataError, ModelError
 from evals.models.load import load_model
 from evals.models.resolve import resolve_model
+from quant.fileio import jsonl_objects
 from quant.scales.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
 from quant.scales.export import export_model_folder
-from quant.fileio import jsonl_objects
 from quant.scales.files import KVScales
 
 CALIBRATION_SETS = ("wikitext2", "gsm8k")  # named sets; anything else is a .txt / .jsonl path

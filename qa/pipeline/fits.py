@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evals.run.context_fit import check_fit
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.hf.fit import context_window
 from evals.engines.openai_api.args import OpenAIArgs
@@ -20,6 +19,7 @@ from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import ModelError, one_line
 from evals.models.config import read_model_config
 from evals.models.resolve import resolve_model
+from evals.run.context_fit import check_fit
 from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 

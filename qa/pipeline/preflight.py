@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evals.records.arm_file import ArmManifest
-from evals.run.reuse import check_reuse
 from evals.engines import hf
 from evals.engines.base import GenerateRequest
 from evals.engines.hf.args import HFEngineArgs
@@ -26,6 +24,8 @@ from evals.engines.openai_api.sampling import check_sampling
 from evals.engines.vllm.args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
 from evals.engines.vllm.check import ArmCheck, check_with_vllm
 from evals.errors import EngineError
+from evals.records.arm_file import ArmManifest
+from evals.run.reuse import check_reuse
 from evals.servers.commands import kv_plugin_env, vllm_server_command
 from evals.servers.spec import VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, arm_tasks

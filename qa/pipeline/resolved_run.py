@@ -14,11 +14,11 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from evals.run.arm import ArmConfig, ArmTask
 from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.base import GenerateRequest
 from evals.models.resolve import ResolvedModel
+from evals.run.arm import ArmConfig, ArmTask
 from evals.run.selection import select_items
 from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from evals.tasks.base import Item, Request, ServedInSessions, Task, TaskOptions

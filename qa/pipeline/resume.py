@@ -10,11 +10,11 @@ arm to its worker, which resumes or refuses with its own one-line error.
 
 from __future__ import annotations
 
-from evals.records.arm_file import ARM_FILE, ArmManifest
-from evals.run.arm import BuiltTask, arm_manifest
 from evals.errors import EvalError
 from evals.models.resolve import resolve_model
+from evals.records.arm_file import ARM_FILE, ArmManifest
 from evals.records.samples import read_records
+from evals.run.arm import BuiltTask, arm_manifest
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, ResolvedTask
 
 

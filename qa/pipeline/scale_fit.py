@@ -32,8 +32,8 @@ from evals.provenance.scale_fits import save_observed
 from evals.servers.spec import VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
 from quant.errors import QuantError
-from quant.scales.folder import ObservedAmax, ResolvedScales, read_folder_scales, resolve_folder_scales
 from quant.kv.spec import KVQuantSpec
+from quant.scales.folder import ObservedAmax, ResolvedScales, read_folder_scales, resolve_folder_scales
 
 FIT_DATA = "wikitext2"
 FIT_PROMPTS = 4  # chunks observed: 4 x 128 = 512 tokens (the fit's tolerance is sqrt(6), module docstring)

@@ -16,11 +16,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from evals.run.reuse import copy_reused
 from evals.data import data_file_hashes
-from evals.records.env import collect_env
 from evals.errors import EvalError
+from evals.records.env import collect_env
 from evals.run.progress import settings_from_env
+from evals.run.reuse import copy_reused
 from evals.tasks import task_datasets
 from qa.files.comparison import Comparison, StatsSettings
 from qa.files.rundir import prepare_run_dir

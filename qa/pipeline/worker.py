@@ -20,12 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from evals.run.arm import open_arm, run_arm
 from evals.engines import parse_engine_args
 from evals.engines.hf import read_scales
 from evals.engines.hf.args import HFEngineArgs
 from evals.models.load import load_model
 from evals.models.resolve import resolve_model
+from evals.run.arm import open_arm, run_arm
 from evals.run.progress import ARMS_ENV
 from qa.errors import USER_ERRORS, SpecError
 from qa.files.resolved_json import ArmRecord, ResolvedRecord

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import html
 
-from qa.report.serving import html_section as cache_path_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.figures import Figures
 from qa.report.gather import ReportInputs, gated_estimate
@@ -37,6 +36,7 @@ from qa.report.rows import (
     table_row,
 )
 from qa.report.sequential import html_section as sequential_section
+from qa.report.serving import html_section as cache_path_section
 from qa.report.slices import html_section as slices_section
 from qa.textfmt import percent
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from qa.gate.summary import STATUS_MARK
 from qa.report import rows
-from qa.report.serving import markdown_section as cache_path_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.gather import ReportInputs, gated_estimate
 from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance, truncation_notes
 from qa.report.provenance import markdown_section as kv_provenance_section
 from qa.report.reference import markdown_section as reference_section
 from qa.report.sequential import markdown_section as sequential_section
+from qa.report.serving import markdown_section as cache_path_section
 from qa.report.slices import markdown_section as slices_section
 from qa.textfmt import md_cell, percent
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from quant.formats import compiled, fp8
 from quant.errors import QuantError
+from quant.formats import compiled, fp8
 
 
 def _roundtrip_impl(

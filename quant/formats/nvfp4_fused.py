@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from quant.formats import compiled, nvfp4
 from quant.errors import QuantError
+from quant.formats import compiled, nvfp4
 from quant.formats.minifloat import F8_E4M3_MAX, pack_nibbles
 
 INV_6_F32 = float(torch.tensor(1.0 / 6.0, dtype=torch.float32))  # fl32(1/6), as the kernel's 1.0f / 6.0f

@@ -16,12 +16,12 @@ from typing import Protocol
 
 import torch
 
-from quant.formats import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused
 from quant.errors import QuantError
-from quant.formats.fp8 import FP8Kind, FP8Rounding
-from quant.formats.intq import IntBits
+from quant.formats import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused
 from quant.formats.catalog import FORMAT_NAMES as KV_FORMAT_NAMES
 from quant.formats.catalog import unknown_format
+from quant.formats.fp8 import FP8Kind, FP8Rounding
+from quant.formats.intq import IntBits
 
 # bits per element at head_dim 128 (per-row float32 scales of INT formats amortized over 128 elements)
 REFERENCE_HEAD_DIM = 128

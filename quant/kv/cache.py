@@ -26,15 +26,15 @@ import torch
 from transformers.cache_utils import Cache
 
 from quant.errors import QuantError
-from quant.kv.faults import fault_hooks
 from quant.formats.registry import KVFormat
+from quant.kv.faults import fault_hooks
 from quant.kv.layer import LayerStorage, QuantizedKVLayer
 from quant.kv.plain import recurrent_layer
+from quant.kv.profiles import get_profile, profile_format
 from quant.kv.rows import RowOpsMixin
 from quant.kv.shape import RECURRENT_LAYER_TYPES, SLIDING_LAYER_TYPES, ModelKVShape, model_kv_shape
-from quant.kv.stream import StreamPlan
-from quant.kv.profiles import get_profile, profile_format
 from quant.kv.spec import KVKind, KVQuantSpec
+from quant.kv.stream import StreamPlan
 from quant.scales.files import KVScales, load_spec_scales
 
 # formats with one scale per (token, head) row: an MLA entry [kv_c | k_pe] is one row, with one scale, where

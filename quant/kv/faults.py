@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from quant.kv.fault_presets import FAULT_PRESETS, fault_spec  # noqa: F401 - the presets, re-exported
 from quant.formats.registry import QuantizedTensor
+from quant.kv.fault_presets import FAULT_PRESETS, fault_spec  # noqa: F401 - the presets, re-exported
 from quant.kv.spec import BLOCK_SCALED_FORMATS, CORRUPTIBLE_FORMATS, KVKind, KVQuantSpec, ScaleLayout
 
 CORRUPT_BLOCK = 16  # elements per corrupted block: NVFP4's scale block along head_dim

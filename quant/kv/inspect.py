@@ -29,6 +29,7 @@ import math
 import torch
 
 from quant.errors import QuantError
+from quant.kv.cache import make_cache
 from quant.kv.inspect_report import (  # noqa: F401 - the schema and its I/O, re-exported for existing callers
     INSPECT_SCHEMA_VERSION,
     InspectReport,
@@ -37,7 +38,6 @@ from quant.kv.inspect_report import (  # noqa: F401 - the schema and its I/O, re
     load_inspect,
     save_inspect,
 )
-from quant.kv.cache import make_cache
 from quant.kv.layer import QuantizedKVLayer
 from quant.kv.observe import ObservingCache
 from quant.kv.shape import model_kv_shape

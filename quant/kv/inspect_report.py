@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_text
-from quant.scales.folder import ScalesReading
 from quant.kv.spec import KVQuantSpec
+from quant.scales.folder import ScalesReading
 from quant.validation import first_error
 
 INSPECT_SCHEMA_VERSION = 1

@@ -32,10 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from quant.formats import fp8
 from quant.errors import QuantError
-from quant.formats.registry import FP8Format, KVFormat, QuantizedTensor, get_format
-from quant.formats.ggml_blocks import GGML_FORMATS, rotate, round_q8_0
+from quant.formats import fp8
 from quant.formats.catalog import (  # noqa: F401 - the profile table, re-exported: callers import it from here
     PROFILE_NAMES,
     PROFILE_ONLY_FORMATS,
@@ -45,6 +43,8 @@ from quant.formats.catalog import (  # noqa: F401 - the profile table, re-export
     QueryRounding,
     get_profile,
 )
+from quant.formats.ggml_blocks import GGML_FORMATS, rotate, round_q8_0
+from quant.formats.registry import FP8Format, KVFormat, QuantizedTensor, get_format
 
 assert tuple(GGML_FORMATS) == PROFILE_ONLY_FORMATS  # the catalog names exactly the profile-only formats
 

@@ -31,8 +31,8 @@ from pydantic import (
 )
 
 from quant.errors import QuantError
-from quant.scales.folder import resolve_folder_scales
 from quant.formats.catalog import FORMAT_NAMES, PROFILE_ONLY_FORMATS, get_profile, unknown_format
+from quant.scales.folder import resolve_folder_scales
 from quant.validation import did_you_mean, first_error
 
 ScaleMode = Literal["dynamic", "static", "constant"]

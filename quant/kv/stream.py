@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from quant.errors import QuantError
-from quant.kv.faults import FaultHooks
 from quant.formats.registry import KVFormat, QuantizedTensor, quantize_dequantize
 from quant.kv.buffer import KVBuffer
+from quant.kv.faults import FaultHooks
 from quant.kv.qtensor import (
     cat_scale_rows,
     cat_tokens,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
+from quant.kv.inspect_report import FolderScalesCheck, LayerScaleFit
 from quant.scales.calibrate import CalibrationSpec, calibrate
 from quant.scales.conventions import convention_warnings
 from quant.scales.folder import ObservedAmax, ResolvedScales, resolve_folder_scales
-from quant.kv.inspect_report import FolderScalesCheck, LayerScaleFit
 
 
 def observe_amax(model, prompts: torch.Tensor, on: str, batch_size: int = 4) -> ObservedAmax:

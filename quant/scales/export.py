@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 
-from quant.scales.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS, Convention
 from quant.errors import QuantError
 from quant.fileio import atomic_write_bytes, sha256_file
-from quant.scales.folder import CONVENTION_FILE, CONVENTION_SCHEMA_VERSION
 from quant.formats.catalog import EXPORT_TARGETS, ExportTarget  # names without torch: the CLI checks them
+from quant.scales.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS, Convention
 from quant.scales.files import KVScales
+from quant.scales.folder import CONVENTION_FILE, CONVENTION_SCHEMA_VERSION
 
 LAYER_PREFIX = "model.layers"  # decoder layer path of llama-style and Gemma-3 text checkpoints
 SCALES_FILE = "kv_scales.safetensors"

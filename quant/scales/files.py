@@ -29,9 +29,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_bytes, scales_paths
-from quant.scales.folder import FolderScales, ResolvedScales, read_folder_scales, resolve_folder_scales
 from quant.formats.registry import get_format
 from quant.kv.spec import KVQuantSpec
+from quant.scales.folder import FolderScales, ResolvedScales, read_folder_scales, resolve_folder_scales
 from quant.validation import first_error
 
 SCALES_SCHEMA_VERSION = 1

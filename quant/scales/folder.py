@@ -34,6 +34,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quant.errors import QuantError
+from quant.fileio import scales_paths
 from quant.scales.conventions import (
     PER_LAYER_STRATEGIES,
     Convention,
@@ -44,8 +46,6 @@ from quant.scales.conventions import (
     get_convention,
     scheme_convention,
 )
-from quant.errors import QuantError
-from quant.fileio import scales_paths
 
 CONVENTION_FILE = "kv_scales_convention.json"
 CONVENTION_SCHEMA_VERSION = 1

@@ -20,11 +20,11 @@ import torch
 
 from evals.engines.base import Failure, GenerateRequest, GenerateResult
 from evals.engines.hf.fixed_batch import generate_batch
-from evals.engines.hf.request_batches import guarded
 from evals.engines.hf.lookup import PromptLookup
 from evals.engines.hf.model import HFModel
-from evals.engines.hf.shared_prefix import PrefixKV
+from evals.engines.hf.request_batches import guarded
 from evals.engines.hf.sequence import pick, sampler, step_result, stop_window
+from evals.engines.hf.shared_prefix import PrefixKV
 from evals.engines.hf.surgery import gqa_sdpa
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from evals.engines import base
+from evals.engines.base import TokenLogprobs
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.hf.cached import cached_generate, cached_token_logprobs
 from evals.engines.hf.decode import Member, generate_stream
@@ -26,7 +27,6 @@ from evals.engines.hf.request_batches import chunks, guarded, token_budget
 from evals.engines.hf.score import loglikelihood
 from evals.engines.hf.shared_prefix import PrefixKV, PrefixStore
 from evals.errors import EngineError
-from evals.engines.base import TokenLogprobs
 from quant.scales.files import KVScales
 
 PREFIX_CACHE_HINT = "set engine_args.kv.prefix_cache = { enabled = true }"

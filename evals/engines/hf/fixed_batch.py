@@ -8,8 +8,8 @@ import torch
 
 from evals.engines.base import GenerateRequest, GenerateResult
 from evals.engines.hf.model import HFModel
-from evals.engines.hf.shared_prefix import PrefixKV
 from evals.engines.hf.sequence import pick, sampler, step_result, stop_window
+from evals.engines.hf.shared_prefix import PrefixKV
 
 
 @torch.inference_mode()

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from evals.engines.base import Failure, TokenLogprobs, TokenLogprobsRequest
-from evals.engines.hf.request_batches import LOGITS_BUDGET_BYTES, chunks, guarded, right_padded, token_budget
 from evals.engines.hf.model import HFModel
+from evals.engines.hf.request_batches import LOGITS_BUDGET_BYTES, chunks, guarded, right_padded, token_budget
 from evals.engines.lmeval_tokens import encode_pair
 
 Row = tuple[int, list[int], int]  # (request index, input ids, index of the logit predicting the first scored token)

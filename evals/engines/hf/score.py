@@ -18,8 +18,15 @@ from typing import Any
 import torch
 
 from evals.engines.base import Failure, LoglikelihoodRequest, LoglikelihoodResult
-from evals.engines.hf.request_batches import LOGITS_BUDGET_BYTES, Sizer, chunks, guarded, right_padded, token_budget
 from evals.engines.hf.model import HFModel
+from evals.engines.hf.request_batches import (
+    LOGITS_BUDGET_BYTES,
+    Sizer,
+    chunks,
+    guarded,
+    right_padded,
+    token_budget,
+)
 from evals.engines.hf.shared_prefix import PrefixKV, PrefixStore
 from evals.engines.lmeval_tokens import encode_pair
 

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from evals.engines import base
+from evals.engines.base import TokenLogprobs
 from evals.engines.lmeval_tokens import PairTokenizer, encode_pair
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.openai_api.chat import NO_SCORING_HINT, chat_payload, check_chat_requests, parse_chat
@@ -33,7 +34,6 @@ from evals.engines.stops import cut_at_stop
 from evals.errors import EngineError
 from evals.models.resolve import ResolvedModel
 from evals.offline import hub_mode, hub_offline
-from evals.engines.base import TokenLogprobs
 
 log = logging.getLogger(__name__)
 

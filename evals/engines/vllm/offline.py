@@ -49,6 +49,7 @@ import os
 from typing import Any
 
 from evals.engines import base
+from evals.engines.base import TokenLogprobs
 from evals.engines.hf.tokens import HFTokens
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.stops import cut_at_stop
@@ -60,7 +61,6 @@ from evals.engines.vllm.kv.switch import loaded_record, plugin_off, plugin_on
 from evals.errors import EngineError, first_line
 from evals.models.resolve import ResolvedModel
 from evals.offline import OFFLINE_DEFAULTS
-from evals.engines.base import TokenLogprobs
 from quant.validation import did_you_mean
 
 log = logging.getLogger(__name__)

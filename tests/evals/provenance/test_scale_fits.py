@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from evals.records.arm_file import ARM_FILE
-from evals.run.arm import parse_arm, run_arm
 from evals.provenance.engines import KVProvenance
 from evals.provenance.scale_fits import FITS_DIR, fit_path, load_observed, save_observed
+from evals.records.arm_file import ARM_FILE
+from evals.run.arm import parse_arm, run_arm
 from quant.scales.folder import ObservedAmax, read_folder_scales
 from tests.evals.run.test_runner import EchoTask
 from tests.quant.ckpt_folders import k_scale_folder

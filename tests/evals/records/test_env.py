@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.records.env import ENV_SCHEMA, EnvInfo, collect_env
 from evals.errors import RecordError
+from evals.records.env import ENV_SCHEMA, EnvInfo, collect_env
 
 REPO = Path(__file__).resolve().parents[3]
 # reports/runs/ is where `qa run` writes by default (git-ignored): not committed
@@ -80,9 +80,9 @@ def test_arm_env_is_recorded_with_secrets_redacted(tmp_path: Path) -> None:
 
 
 def test_arm_manifest_records_env_redacted_and_old_fingerprints_stay() -> None:
-    from evals.run.arm import ArmConfig, arm_manifest
-    from evals.records.env import REDACTED
     from evals.models.resolve import ResolvedModel
+    from evals.records.env import REDACTED
+    from evals.run.arm import ArmConfig, arm_manifest
 
     model = ResolvedModel(name="m", path=None, hub_id="org/m", file_hash=None)
     plain = arm_manifest(ArmConfig(name="a", model="m", engine="hf", engine_args={}), model, [])

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from evals.records.arm_file import ARM_FILE, ArmManifest
-from evals.run.arm import ArmConfig, ArmTask, arm_manifest, check_arm_folder, parse_arm
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import EngineError, EvalError, RecordError
 from evals.models.resolve import ResolvedModel
+from evals.records.arm_file import ARM_FILE, ArmManifest
+from evals.run.arm import ArmConfig, ArmTask, arm_manifest, check_arm_folder, parse_arm
 from evals.tasks import get_task
 from evals.tasks.base import TaskOptions
 

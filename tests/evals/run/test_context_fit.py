@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from evals.run.context_fit import check_fit, first_overflow, longest_turns
 from evals.errors import EvalError
+from evals.run.context_fit import check_fit, first_overflow, longest_turns
 from evals.tasks import get_task
 from evals.tasks.base import TaskOptions
 from tests.shared_data import shared_data_dir
@@ -19,8 +19,8 @@ from tests.shared_data import shared_data_dir
 
 @pytest.fixture(scope="module")
 def encode():  # -> Callable[[str], list[int]]
-    from evals.prompts.chat import load_tokenizer
     from evals.errors import ModelError
+    from evals.prompts.chat import load_tokenizer
 
     try:
         return load_tokenizer("smollm2-135m").encode

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from evals.engines import base as engine_base
+from evals.engines.base import TokenLogprobs
 from evals.engines.hf.engine import HFEngine
 from evals.engines.lmeval_tokens import encode_pair
 from evals.errors import EvalError
-from evals.engines.base import TokenLogprobs
 from evals.records.samples import read_records
 from evals.run.reference import META_KEY, REFERENCE_TOP_K, chunk_references, has_reference, reference_request
 from evals.run.runner import run_task

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from evals.records.arm_file import ARM_FILE
-from evals.run.arm import parse_arm, run_arm
 from evals.engines import base as engine_base
-from evals.errors import EvalError, RecordError
 from evals.engines.base import TokenLogprobs
+from evals.errors import EvalError, RecordError
+from evals.records.arm_file import ARM_FILE
 from evals.records.samples import read_records
+from evals.run.arm import parse_arm, run_arm
 from evals.run.runner import run_task
 from evals.run.selection import sample_seed, select_items
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind

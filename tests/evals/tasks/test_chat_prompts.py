@@ -21,8 +21,8 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.utils import hash_string
 
 from evals import data
-from evals.prompts.chat import chat_template
 from evals.engines.base import GenerateRequest, LoglikelihoodRequest
+from evals.prompts.chat import chat_template
 from evals.records.samples import sha256_text
 from evals.tasks import get_task
 from evals.tasks.base import Item, TaskOptions

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from qa.pipeline.calibration import calibrate_model
 from quant.scales.calibrate import CalibrationSpec
 from quant.scales.export import SCALES_FILE
-from quant.scales.folder import CONVENTION_FILE
 from quant.scales.files import KVScales
+from quant.scales.folder import CONVENTION_FILE
 from tests.evals.hf_fixtures import save_tiny
 from tests.qa.cli.test_compare_cmd import run_cli
 from tests.quant.ckpt_folders import k_scale_folder, tensor_group_encode_folder

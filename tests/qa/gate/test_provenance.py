@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.records.arm_file import ARM_FILE, ArmIdentity, ArmManifest, EngineSummary
 from evals.provenance.engines import KVProvenance, LayerScales
+from evals.records.arm_file import ARM_FILE, ArmIdentity, ArmManifest, EngineSummary
 from qa import api
 from qa.files.policy import default_policy, default_policy_text, parse_policy
 from qa.gate.provenance import apply_scales_rule, check_scales, load_kv_provenance

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from evals.records.arm_file import ArmManifest
 from evals.errors import RecordError
+from evals.records.arm_file import ArmManifest
 from evals.records.samples import read_records
 from qa import api
 from qa.files.rundir import RunDir

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from evals.run import progress
 from evals.errors import EvalError
+from evals.run import progress
 from evals.run.progress import LineProgress, ProgressSettings, clock, settings_from_env, task_progress
 from tests.shared_data import shared_data_dir
 

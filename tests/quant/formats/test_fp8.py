@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quant.formats import fp8
 from quant.errors import QuantError
+from quant.formats import fp8
 
 
 @pytest.mark.parametrize(("kind", "dtype", "top"), [("e4m3", torch.float8_e4m3fn, 448.0), ("e5m2", torch.float8_e5m2, 57344.0)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quant.formats import fp8, fp8_fused
 from quant.errors import QuantError
+from quant.formats import fp8, fp8_fused
 from quant.formats.registry import get_format, quantize_dequantize
 
 

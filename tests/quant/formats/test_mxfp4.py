@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quant.formats import mxfp4
 from quant.errors import QuantError
+from quant.formats import mxfp4
 from quant.formats.minifloat import unpack_nibbles
 
 

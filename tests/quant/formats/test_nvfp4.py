@@ -11,8 +11,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from quant.formats import nvfp4
 from quant.errors import QuantError
+from quant.formats import nvfp4
 from quant.formats.minifloat import (
     E2M1_VALUES,
     SMALL_ENCODE_NUMEL,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from quant.formats import compiled, nvfp4, nvfp4_fused
 from quant.errors import QuantError
+from quant.formats import compiled, nvfp4, nvfp4_fused
 from quant.formats.registry import get_format, quantize_dequantize
 from tests.quant.formats.test_nvfp4 import VECTORS
 

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quant.formats import nvfp4
 from quant.errors import QuantError
+from quant.formats import nvfp4
 from quant.formats.registry import FORMAT_NAMES, QuantizedTensor, get_format
 
 EXPECTED_NAMES = ("none", "nvfp4", "nvfp4_4over6", "mxfp4", "fp8_e4m3", "fp8_e5m2", "int8", "int4")

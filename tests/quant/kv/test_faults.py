@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from quant.errors import QuantError
-from quant.kv.faults import FAULT_PRESETS, FaultHooks, fault_hooks, fault_spec
 from quant.formats.registry import get_format
 from quant.kv.cache import make_cache
+from quant.kv.faults import FAULT_PRESETS, FaultHooks, fault_hooks, fault_spec
 from quant.kv.spec import KVQuantSpec
 from tests.tiny_models import TINY_LLAMA, padded_ids, plain_kv
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from quant.errors import QuantError
+from quant.formats.minifloat import e4m3_round
 from quant.formats.registry import get_format
 from quant.kv.inspect import INSPECT_SCHEMA_VERSION, InspectReport, inspect_kv, load_inspect, save_inspect
 from quant.kv.spec import KVQuantSpec
-from quant.formats.minifloat import e4m3_round
 from tests.tiny_models import TINY_LLAMA, plain_kv
 
 torch.set_num_threads(1)

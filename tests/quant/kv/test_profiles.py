@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quant.formats import fp8
 from quant.errors import QuantError
-from quant.formats.registry import FP8Format, get_format
+from quant.formats import fp8
 from quant.formats.ggml_blocks import GGML_FORMATS, hadamard, round_q8_0
+from quant.formats.registry import FP8Format, get_format
 from quant.kv.profiles import RotatedFormat, SubnormalsAsZero, get_profile, profile_format, round_query
 from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
 

@@ -28,7 +28,9 @@ def test_spec_validation_errors_are_one_line_quant_errors():
 
 
 def test_the_catalog_names_exactly_the_registries():
-    from quant.formats import registry as formats, ggml_blocks, catalog as kv_catalog
+    from quant.formats import catalog as kv_catalog
+    from quant.formats import ggml_blocks
+    from quant.formats import registry as formats
     from quant.kv import profiles as kv_profiles
 
     assert kv_catalog.FORMAT_NAMES == tuple(formats.FORMATS)

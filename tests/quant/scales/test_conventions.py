@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from quant.errors import QuantError
 from quant.scales.conventions import (
     CONVENTIONS,
     FIT_FACTOR,
@@ -17,7 +18,6 @@ from quant.scales.conventions import (
     mismatch_factor,
     scheme_convention,
 )
-from quant.errors import QuantError
 
 AMAX = [2.0, 8.0, 0.5, 12.0]  # per layer (K then V, say)
 

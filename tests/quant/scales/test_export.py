@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from quant.errors import QuantError
+from quant.fileio import sha256_file
 from quant.scales.export import (
     INDEX_FILE,
     SCALES_FILE,
@@ -17,9 +18,8 @@ from quant.scales.export import (
     export_scales,
     kv_cache_scheme,
 )
-from quant.fileio import sha256_file
-from quant.scales.folder import CONVENTION_FILE
 from quant.scales.files import CalibrationData, KVScales, ScalesMeta
+from quant.scales.folder import CONVENTION_FILE
 
 
 def _scales(fmt: str = "nvfp4", granularity: str = "tensor") -> KVScales:

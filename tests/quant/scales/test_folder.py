@@ -14,9 +14,13 @@ import torch
 from safetensors.torch import save_file
 
 from qa.pipeline.calibration import calibrate_model
-from quant.scales.calibrate import CalibrationSpec
 from quant.errors import QuantError
+from quant.formats.registry import get_format
+from quant.kv.cache import make_cache
+from quant.kv.spec import kv_spec_from_dict
+from quant.scales.calibrate import CalibrationSpec
 from quant.scales.export import SCALES_FILE, export_model_folder
+from quant.scales.files import KVScales, amax_for_decode
 from quant.scales.folder import (
     CONVENTION_FILE,
     ObservedAmax,
@@ -25,10 +29,6 @@ from quant.scales.folder import (
     resolve_folder_scales,
     scales_files,
 )
-from quant.formats.registry import get_format
-from quant.kv.cache import make_cache
-from quant.kv.spec import kv_spec_from_dict
-from quant.scales.files import KVScales, amax_for_decode
 from tests.evals.hf_fixtures import save_tiny
 from tests.quant.ckpt_folders import k_scale_folder, tensor_group_encode_folder
 from tests.tiny_models import CORPUS

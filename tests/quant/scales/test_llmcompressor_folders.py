@@ -14,11 +14,11 @@ from transformers import AutoConfig
 from evals.models.load import load_model
 from evals.models.resolve import resolve_model
 from qa.pipeline.calibration import load_prompts
-from quant.scales.folder import read_folder_scales, resolve_folder_scales
 from quant.kv.cache import make_cache
 from quant.kv.spec import kv_spec_from_dict
 from quant.scales.check import observe_amax
 from quant.scales.files import KVScales
+from quant.scales.folder import read_folder_scales, resolve_folder_scales
 from tests.llmc_folders import LlmcFolders, llmc_folders
 from tests.shared_data import shared_data_dir
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from quant.formats import compiled
 from quant.errors import QuantError
+from quant.formats import compiled
 from quant.formats.registry import KVFormat, ValuesFn, get_format, quantize_dequantize
 from quant.kv.cache import scale_for, spec_scales
 from quant.kv.spec import KVKind, KVQuantSpec

@@ -24,10 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from evals.engines.vllm.args import parallel_size, world_size
 from evals.errors import EngineError
 from evals.provenance.record import KVProvenance, LayerScales, ProvenanceSource, ScalesOrigin
-from quant.scales.conventions import VLLM_FOLDER_FORMATS
 from quant.fileio import atomic_write_text, scales_paths, sha256_file
-from quant.scales.folder import read_folder_scales
 from quant.kv.spec import KVQuantSpec
+from quant.scales.conventions import VLLM_FOLDER_FORMATS
+from quant.scales.folder import read_folder_scales
 
 RECORD_SCHEMA = 1
 LOG_PREFIX = "qa_kv plugin record: "  # the log line that carries a PluginRecord as JSON

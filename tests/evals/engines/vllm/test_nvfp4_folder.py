@@ -21,8 +21,8 @@ from evals.engines import build_engine
 from evals.models.resolve import resolve_model
 from evals.provenance.engines import engine_provenance
 from qa.gate.provenance import check_scales
-from quant.scales.folder import read_folder_scales
 from quant.scales.files import KVScales
+from quant.scales.folder import read_folder_scales
 from tests.evals.engines.vllm.vllm_export import calibrate_export
 from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
 

@@ -13,11 +13,11 @@ pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh --vl
 
 from evals.engines import base as engine_base
 from evals.engines import build_engine, parse_engine_args
+from evals.engines.base import TokenLogprobs
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.vllm.offline import VllmEngine, check_kv_dtype, supported_kv_dtypes
 from evals.errors import EngineError
 from evals.models.resolve import ResolvedModel, resolve_model
-from evals.engines.base import TokenLogprobs
 from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
 
 pytestmark = pytest.mark.vllm

@@ -13,10 +13,10 @@ pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh --vl
 
 from evals.engines import base as engine_base
 from evals.engines import build_engine
+from evals.engines.base import TokenLogprobs
 from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.vllm.offline import VllmEngine
 from evals.models.resolve import ResolvedModel
-from evals.engines.base import TokenLogprobs
 from tests.evals.hf_fixtures import smollm2_or_skip
 
 pytestmark = pytest.mark.vllm

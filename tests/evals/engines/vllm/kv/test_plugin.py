@@ -23,8 +23,8 @@ from evals.engines.vllm.kv.plugin import KVPluginRefusal, classify
 from evals.errors import EngineError
 from evals.models.resolve import ResolvedModel, resolve_model
 from qa.gate.provenance import check_scales
-from quant.formats import nvfp4
 from quant.fileio import scales_paths, sha256_file
+from quant.formats import nvfp4
 from quant.formats.registry import get_format
 from quant.scales.files import CalibrationData, KVScales, ScalesMeta
 
