@@ -14,7 +14,7 @@ from qa.files.comparison import load_comparison
 
 def test_a_schema_1_file_names_the_migration_script(tmp_path: Path) -> None:
     (tmp_path / "comparison.json").write_text(json.dumps({"schema_version": 1, "estimates": []}), encoding="utf-8")
-    with pytest.raises(QAError, match=r"schema 1 comparison\.json: run scripts/migrate_comparisons\.py$"):
+    with pytest.raises(QAError, match=r"schema 1 comparison\.json: run python -m scripts\.migrate_comparisons$"):
         load_comparison(tmp_path)
 
 
