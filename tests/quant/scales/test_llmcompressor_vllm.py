@@ -30,8 +30,8 @@ ARGS = {"dtype": "bfloat16", "max_model_len": 256, "enforce_eager": True, "max_n
 
 
 @pytest.fixture(scope="module")
-def made() -> LlmcFolders:
-    return llmc_folders()
+def made(tmp_path_factory: pytest.TempPathFactory) -> LlmcFolders:
+    return llmc_folders(tmp_path_factory)
 
 
 def _scheme(folder: Path) -> dict:
