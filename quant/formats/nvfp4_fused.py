@@ -63,44 +63,45 @@ def _quantize_impl(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, tor
     return packed, s.view(torch.uint8), torch.isfinite(amax).all()
 
 
+def _encode(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The kernel recipe on x [..., K] float with gs float32 broadcastable to [..., 1]: block scales s (E4M3),
+    s as float32, 1/gs, E2M1 magnitude codes (int32 [..., K/16, 16]), the sign mask, and the block amax."""
+    blocks = x.unflatten(-1, (-1, nvfp4.BLOCK_SIZE)).to(torch.float32)  # [..., K/16, 16]
+    amax = blocks.abs().amax(dim=-1)  # [..., K/16]
+    s = (gs * (amax * INV_6_F32)).clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn)
+    s32 = s.to(torch.float32)
+    inv_gs = 1.0 / gs  # [..., 1]
+    out = torch.where(s32 != 0, 1.0 / (s32 * inv_gs), 0.0).unsqueeze(-1)  # [..., K/16, 1]
+    y = blocks * out
+    return s, s32, inv_gs, _e2m1_magnitude(y.abs()), y < 0, amax
+
+
+def _decode(mag: torch.Tensor, negative: torch.Tensor, s32: torch.Tensor, inv_gs: torch.Tensor,
+            out_dtype: torch.dtype) -> torch.Tensor:
+    """Dequantized values [..., K] in out_dtype: (code * s) * (1/gs) in fp32, then cast; the E2M1 magnitude of
+    code m as in _dequantize_impl; code 8 (a negative that rounds to 0) is -0.0."""
+    m = mag.to(torch.float32)
+    value = torch.where(m < 4, m * 0.5, torch.where(m < 6, m - 2.0, m * 2.0 - 8.0))
+    value = torch.where(negative, -value, value)
+    return ((value * s32.unsqueeze(-1)) * inv_gs.unsqueeze(-1)).flatten(-2).to(out_dtype)
+
+
 def _roundtrip_impl(
     x: torch.Tensor, gs: torch.Tensor, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [R, K] float, gs float32 [R, 1] -> codes uint8 [R, K], scale bytes [R, K/16], dequantized
-    values [R, K] in out_dtype ((code * s) * (1/gs) in fp32, then cast), all-finite flag."""
-    rows = x.shape[0]
-    blocks = x.reshape(rows, -1, nvfp4.BLOCK_SIZE).to(torch.float32)  # [R, K/16, 16]
-    amax = blocks.abs().amax(dim=-1)  # [R, K/16]
-    s = (gs * (amax * INV_6_F32)).clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn)
-    s32 = s.to(torch.float32)
-    inv_gs = 1.0 / gs  # [R, 1]
-    out = torch.where(s32 != 0, 1.0 / (s32 * inv_gs), 0.0).unsqueeze(-1)  # [R, K/16, 1]
-    y = blocks * out
-    mag = _e2m1_magnitude(y.abs())
-    negative = y < 0
-    codes = (mag + negative.to(torch.int32) * 8).to(torch.uint8).reshape(rows, -1)
-    # E2M1 magnitude of code m, as in _dequantize_impl; code 8 (a negative that rounds to 0) is -0.0
-    m = mag.to(torch.float32)
-    value = torch.where(m < 4, m * 0.5, torch.where(m < 6, m - 2.0, m * 2.0 - 8.0))
-    value = torch.where(negative, -value, value)
-    values = ((value * s32.unsqueeze(-1)) * inv_gs.unsqueeze(-1)).reshape(rows, -1).to(out_dtype)
+    values [R, K] in out_dtype, all-finite flag."""
+    s, s32, inv_gs, mag, negative, amax = _encode(x, gs)
+    codes = (mag + negative.to(torch.int32) * 8).to(torch.uint8).reshape(x.shape[0], -1)
+    values = _decode(mag, negative, s32, inv_gs, out_dtype)
     return codes, s.view(torch.uint8), values, torch.isfinite(amax).all()
 
 
 def _values_impl(x: torch.Tensor, gs: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] float, gs float32 broadcastable to [..., 1] -> (`_roundtrip_impl`'s dequantized values in
     out_dtype, all-finite flag), with no codes or scale bytes written."""
-    blocks = x.unflatten(-1, (-1, nvfp4.BLOCK_SIZE)).to(torch.float32)  # [..., K/16, 16]
-    amax = blocks.abs().amax(dim=-1)  # [..., K/16]
-    s32 = (gs * (amax * INV_6_F32)).clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn).to(torch.float32)
-    inv_gs = 1.0 / gs  # [..., 1]
-    out = torch.where(s32 != 0, 1.0 / (s32 * inv_gs), 0.0).unsqueeze(-1)  # [..., K/16, 1]
-    y = blocks * out
-    m = _e2m1_magnitude(y.abs()).to(torch.float32)
-    value = torch.where(m < 4, m * 0.5, torch.where(m < 6, m - 2.0, m * 2.0 - 8.0))
-    value = torch.where(y < 0, -value, value)
-    values = ((value * s32.unsqueeze(-1)) * inv_gs.unsqueeze(-1)).flatten(-2).to(out_dtype)
-    return values, torch.isfinite(amax).all()
+    _, s32, inv_gs, mag, negative, amax = _encode(x, gs)
+    return _decode(mag, negative, s32, inv_gs, out_dtype), torch.isfinite(amax).all()
 
 
 def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
