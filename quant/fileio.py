@@ -1,17 +1,22 @@
-"""File helpers every package may import: atomic replacement, sha256 of a file's bytes, and the objects of a
-JSON-lines file with a one-line error naming the line that is not one."""
+"""File helpers every package may import: atomic replacement, a file or folder built once across processes
+(publish_once), sha256 of a file's bytes, and the objects of a JSON-lines file with a one-line error naming the
+line that is not one."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 HASH_BLOCK = 1 << 20  # bytes read per step when hashing (1 MiB: large GGUF files never sit in memory)
+BUILD_SUFFIX = ".building"  # publish_once's work folders beside their target: `.<name>.<random>.building`
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -29,16 +34,66 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """`atomic_write_bytes` for UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def fsync_dir(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """`atomic_write_bytes` for UTF-8 text."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+@contextmanager
+def file_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if missing) for the block: another holder makes this one wait,
+    calling `on_wait` first. The kernel releases the lock when its holder exits, however it exits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+def publish_once(target: Path, build: Callable[[Path], object], on_wait: Callable[[], None] | None = None) -> Path:
+    """`target` (a file or a folder), built by `build(path)` only when missing: `build` writes `path`, a fresh name
+    in a work folder beside `target`, which is then renamed into place, so an existing `target` is a complete one.
+    Builders take turns on the lock `.<name>.lock` beside it (a second one waits, calling `on_wait`, then reuses
+    the first one's result); one that still loses the rename drops its copy and returns the winner's. Work
+    folders a killed builder left are removed under the lock."""
+    if target.exists():
+        return target
+    with file_lock(target.with_name(f".{target.name}.lock"), on_wait):
+        if target.exists():
+            return target
+        for stale in target.parent.glob(f".{target.name}.*{BUILD_SUFFIX}"):  # no live builder: we hold the lock
+            shutil.rmtree(stale, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=BUILD_SUFFIX))
+        try:
+            build(work / target.name)
+            try:
+                os.replace(work / target.name, target)
+            except OSError:  # a folder already there (a builder that ignored the lock): keep the winner's
+                if not target.exists():
+                    raise
+            fsync_dir(target.parent)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return target
 
 
 def sha256_file(path: Path) -> str:

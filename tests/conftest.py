@@ -1,7 +1,8 @@
 """Fixtures every test package shares: the tiny random models of `tests.tiny_models` (built once per session;
 tests must not change their weights). Under pytest-xdist (`-n N`, as scripts/test.sh runs the suite) the
 controller first resolves the named models (assembling and converting them under $QA_CACHE_DIR on a first
-run), so that no two workers write the same cache folder at once, and at the end removes what the workers
+run), so that the workers start with a warm cache (resolution is safe under concurrency, but each worker
+would wait for the first one's conversion), and at the end removes what the workers
 shared in its temp folder (tests.llmc_folders); each worker puts the files with a `slow` test first."""
 
 from __future__ import annotations

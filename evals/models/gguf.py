@@ -1,22 +1,31 @@
 """A named model's GGUF file and the HF folder it becomes: the file is found inside its package (or assembled
 by it into `$QA_CACHE_DIR/gguf`); on first use transformers dequantizes it and saves a plain HF folder in the
 cache (under `models/`), so later loads take about a second and vLLM can load the same folder; what the GGUF
-lacks and the upstream model has is written into that folder (evals.models.named)."""
+lacks and the upstream model has is written into that folder (evals.models.named). Both the assembled file and
+the folder are built aside and renamed into place (quant.fileio.publish_once): processes resolving the same
+model at once build it once, the others wait and reuse it, and none sees a partial one."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
+import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from evals.errors import ModelError
 from evals.models.cache import cache_root
 from evals.models.named import NAMED_MODELS, GGUFModel
-from quant.fileio import atomic_write_text, sha256_file
+from quant.fileio import atomic_write_text, publish_once, sha256_file
+
+log = logging.getLogger(__name__)
+
+
+def waiting_for(what: Path) -> Callable[[], None]:
+    """What publish_once calls when another process is building `what`: one log line, so a wait of minutes
+    is not silent."""
+    return lambda: log.warning("waiting for another process to finish building %s", what)
 
 
 def gguf_file(name: str) -> Path:
@@ -46,9 +55,12 @@ def gguf_path(spec: GGUFModel, name: str) -> Path:
             assemble = getattr(module, "assemble", None)
             file_name = getattr(module, "MODEL_NAME", None)
             if callable(assemble) and isinstance(file_name, str):  # into our cache, not the package's default
-                p = Path(assemble(cache_root() / "gguf" / file_name))
-                if p.exists():
-                    return p
+                target = cache_root() / "gguf" / file_name  # the package writes in place: it assembles aside
+                publish_once(target, lambda path: assemble(path, overwrite=True), waiting_for(target))
+                expected = getattr(module, "EXPECTED_SHA256", None)  # a file torn by an in-place writer
+                if isinstance(expected, str) and sha256_file(target) != expected:
+                    raise ValueError(f"{target} is not the file it assembles (sha256 differs); delete it to rebuild")
+                return target
             for attr in ("get_model_path", "model_path", "get_path"):
                 fn = getattr(module, attr, None)
                 if callable(fn):
@@ -61,7 +73,8 @@ def gguf_path(spec: GGUFModel, name: str) -> Path:
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize a GGUF checkpoint with transformers and save it as a plain HF folder (atomic)."""
+    """Dequantize a GGUF checkpoint with transformers and save it as a plain HF folder `out`, written in place
+    (converted_folder publishes it atomically)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer  # transformers: only on a GGUF's first use
 
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype="float32")
@@ -71,16 +84,9 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.is_quantized = False
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "SOURCE_SHA256").write_text(sha256_file(gguf) + "  " + gguf.name + "\n")
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "SOURCE_SHA256").write_text(sha256_file(gguf) + "  " + gguf.name + "\n")
 
 
 def add_upstream_files(spec: GGUFModel, folder: Path) -> None:
@@ -100,9 +106,13 @@ def add_upstream_files(spec: GGUFModel, folder: Path) -> None:
 
 def converted_folder(spec: GGUFModel, name: str, gguf: Path, digest: str) -> Path:
     """The HF folder the named model `name` (its GGUF `gguf`, of sha256 `digest`) is converted to in the cache:
-    converted on first use, the upstream files added."""
+    converted on first use with the upstream files added, then published whole (quant.fileio.publish_once)."""
     out = cache_root() / "models" / f"{name}-{digest[:12]}"
-    if not (out / "config.json").exists():
-        convert_gguf(gguf, out)
-    add_upstream_files(spec, out)
+
+    def build(path: Path) -> None:
+        convert_gguf(gguf, path)
+        add_upstream_files(spec, path)
+
+    publish_once(out, build, waiting_for(out))
+    add_upstream_files(spec, out)  # a folder converted before its model had upstream files gets them
     return out
