@@ -367,9 +367,9 @@ def cross_table(rows: list[dict]) -> str:
         return ""
     ref = rows[0]["llamacpp_stats"]
     lines = ["\n## vLLM + plugin, hf emulator and llama.cpp's real NVFP4 cache on the same tokens\n",
-             f"KL(plain || nvfp4) on the llama.cpp arms' tokens ({ref['tokens']}); each engine against its own plain "
+             (f"KL(plain || nvfp4) on the llama.cpp arms' tokens ({ref['tokens']}); each engine against its own plain "
              f"arm (vLLM bf16, the emulator's bf16 model, llama.cpp `{LLAMACPP_BASE}`). llama.cpp nvfp4: "
-             f"{kl_cell(ref)}, p99 {ref['kl_p99']:.3f}, top-1 agreement {100 * ref['top1_agreement']:.1f}%.\n",
+             f"{kl_cell(ref)}, p99 {ref['kl_p99']:.3f}, top-1 agreement {100 * ref['top1_agreement']:.1f}%.\n"),
              "| NVFP4 KV | KL (95% CI) | p99 KL | top-1 agr. | ratio over llama.cpp nvfp4 (95% CI) | [0.8, 1.25] |",
              "|---|---|---|---|---|---|"]
     for row in rows:

@@ -1,5 +1,18 @@
 #!/usr/bin/env bash
-# The GPU path, on a machine with an NVIDIA GPU (see README "Running on a GPU box"):
+# Two checks on a machine with an NVIDIA GPU.
+#
+# scripts/gpu_check.sh [FOLDER]   (default) the torch-only check: one CUDA GPU and the system python with a
+#   CUDA PyTorch, transformers and Triton; no vLLM, no venv, nothing heavy installed (pytest, hypothesis and
+#   pydantic with pip when missing). Under 8 minutes:
+#   1. the `gpu`-marked tests that need no vLLM (every test module with a gpu mark and no vllm mark): the
+#      plugin's K/V rewrite captured in a CUDA graph and replayed bit for bit against the CPU reference
+#      (tests/evals/engines/vllm/kv/test_capture.py), NVFP4 on CUDA against the CPU (tests/quant/formats);
+#   2. the rewrite benchmark (benchmarks/kv_rewrite_capture.py): the rewrite against a plain copy of K/V,
+#      eager and inside a CUDA graph.
+#   Everything goes to FOLDER (default $OUT when set, else a new folder under /tmp): env.txt, junit.xml,
+#   pytest.log, kv_rewrite_capture_cuda.json, benchmark.log. Exit 0 when both passed, 2 without a usable GPU.
+#
+# scripts/gpu_check.sh --vllm [--dry-run]   the vLLM check, in a GPU venv of its own:
 #   1. a GPU venv (.venv-gpu): PyPI's CUDA vLLM (it brings its CUDA torch) + this project, no CPU pins
 #   2. the `gpu`-marked tests (every test module that has one), in that venv
 #   3. a small real vLLM comparison, kv_cache_dtype auto vs fp8, with `qa run` on a model built from a
@@ -10,23 +23,66 @@
 #      the candidate's provenance checked (checkpoint scales, convention nvfp4-decode, rule finding ok).
 #      vLLM's NVFP4 KV cache (FlashInfer trtllm-gen) needs SM100: the step runs for real only where
 #      nvidia-smi reports compute capability 10.x, and says so otherwise
-# Target: steps 2 to 4 under 10 minutes on one GPU (the venv, step 1, is made once).
-#
-#   scripts/gpu_check.sh             all four steps (step 1 only when the venv is missing)
-#   scripts/gpu_check.sh --dry-run   CPU only: build the model and the NVFP4 folder, write the specs,
-#                                    `qa run --dry-run` them in .venv, list the gpu tests, report what the
-#                                    SM100 detection sees; installs nothing, starts no GPU
-# Env: QA_DATA_DIR (default ../shared/data), GPU_VENV (default .venv-gpu), OUT (default reports/runs/gpu_check;
-#      the model and spec go to $OUT-inputs)
+#   Target: steps 2 to 4 under 10 minutes on one GPU (the venv, step 1, is made once).
+#   --dry-run (implies --vllm): CPU only: build the model and the NVFP4 folder, write the specs, `qa run
+#   --dry-run` them in .venv, list the gpu tests, report what the SM100 detection sees; installs nothing,
+#   starts no GPU.
+#   Env: QA_DATA_DIR (default ../shared/data), GPU_VENV (default .venv-gpu), OUT (default reports/runs/gpu_check;
+#   the model and spec go to $OUT-inputs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dry=0
+dry=0 vllm=0 folder=""
 for a in "$@"; do
   case "$a" in
-    --dry-run) dry=1 ;;
-    *) echo "gpu_check.sh: unknown option $a (use --dry-run)" >&2; exit 2 ;;
+    --dry-run) dry=1 vllm=1 ;;
+    --vllm) vllm=1 ;;
+    -*) echo "gpu_check.sh: unknown option $a (use --vllm, --dry-run or a folder)" >&2; exit 2 ;;
+    *) [ -z "$folder" ] || { echo "gpu_check.sh: one folder, got $folder and $a" >&2; exit 2; }; folder=$a ;;
   esac
 done
+start=$(date +%s)
+step() { echo "== gpu_check [$(( $(date +%s) - start ))s] $*"; }
+
+torch_check() {  # the default check (see the header); $1: the results folder
+  local py=${PYTHON:-python3} out=$1 rc=0 brc=0 missing
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+  # the repository's packages from the work tree, not installed; offline: nothing is downloaded
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+  "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" ||
+    { echo "gpu_check.sh: $py has no CUDA PyTorch, or it sees no GPU" >&2; exit 2; }
+  missing=$("$py" -c "import importlib.util as u; print(*(m for m in ('pytest', 'hypothesis', 'pydantic', \
+'transformers', 'triton') if u.find_spec(m) is None))")
+  case " $missing " in *" transformers "*|*" triton "*)
+    echo "gpu_check.sh: $py lacks $missing (this check expects PyTorch, transformers and Triton)" >&2; exit 2 ;;
+  esac
+  if [ -n "$missing" ]; then
+    step "pip install $missing (what the tests import)"
+    # shellcheck disable=SC2086 # one word per package
+    "$py" -m pip install -q $missing >"$out/pip.log" 2>&1 ||
+      { echo "gpu_check.sh: pip install $missing failed (see $out/pip.log)" >&2; exit 2; }
+  fi
+  "$py" -c "import platform, torch, transformers, triton
+print('python', platform.python_version(), '| torch', torch.__version__, '| cuda', torch.version.cuda,
+      '| triton', triton.__version__, '| transformers', transformers.__version__)
+print('gpu', torch.cuda.get_device_name(0), '| capability', *torch.cuda.get_device_capability(0))" | tee "$out/env.txt"
+  local tests=()
+  mapfile -t tests < <(grep -rl --include='test_*.py' -e 'mark.gpu' tests | xargs grep -L -e 'mark.vllm' | sort)
+  step "1. gpu tests without vLLM: ${tests[*]}"
+  timeout 330 "$py" -m pytest -q -p no:cacheprovider -m gpu --junitxml="$out/junit.xml" "${tests[@]}" 2>&1 |
+    tee "$out/pytest.log" || rc=$?
+  step "2. benchmark: the K/V rewrite against a plain copy (CUDA, eager and in a CUDA graph)"
+  timeout 240 "$py" -m benchmarks.kv_rewrite_capture --device cuda --out "$out" --tokens 1 16 2048 \
+    --repeats 5 --inner 20 2>&1 | tee "$out/benchmark.log" || brc=$?
+  step "done: tests exit $rc, benchmark exit $brc; results in $out"
+  [ "$rc" = 0 ] && [ "$brc" = 0 ]
+}
+
+if [ "$vllm" = 0 ]; then
+  torch_check "${folder:-${OUT:-$(mktemp -d /tmp/gpu_check.XXXXXX)}}"
+  exit $?
+fi
+[ -z "$folder" ] || { echo "gpu_check.sh --vllm: takes no folder (OUT names it)" >&2; exit 2; }
 PY=${PYTHON:-python3}
 GPU_VENV=${GPU_VENV:-.venv-gpu}
 OUT=${OUT:-reports/runs/gpu_check}
@@ -34,8 +90,6 @@ export QA_DATA_DIR=${QA_DATA_DIR:-../shared/data}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 work="$OUT-inputs"  # the model and the spec, kept next to the run (a rerun resumes: same seed, same bytes)
 mkdir -p "$work"
-start=$(date +%s)
-step() { echo "== gpu_check [$(( $(date +%s) - start ))s] $*"; }
 # compute capability of GPU 0 as nvidia-smi reports it ("10.0"), "" without nvidia-smi or a GPU
 compute_cap() { command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=compute_cap --format=csv,noheader \
   2>/dev/null | head -1 | tr -d ' ' || true; }

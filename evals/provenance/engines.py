@@ -35,14 +35,17 @@ from evals.provenance.scale_fits import load_observed
 from evals.provenance.server_log import server_provenance
 from quant.errors import QuantError
 from quant.fileio import sha256_file
+from quant.kv.skip_layers import ModelLayers, config_layers
 from quant.kv.spec import KVQuantSpec
 from quant.scales.conventions import VLLM_FOLDER_FORMATS
 from quant.scales.folder import has_kv_scales, read_folder_scales, resolve_folder_scales
 
 
-def emulator_provenance(args: HFEngineArgs, model: str | None = None) -> KVProvenance:
+def emulator_provenance(args: HFEngineArgs, model: str | None = None,
+                        model_layers: ModelLayers | None = None) -> KVProvenance:
     """Provenance of an `hf` arm from its HFEngineArgs: per-layer format and decode scales in effect (`model`:
-    the model's name, whose kept observation fits a model folder's scales)."""
+    the model's name, whose kept observation fits a model folder's scales; `model_layers`: its layers, which
+    skip_layers' attention types and TurboQuant's boundary resolve against)."""
     kv = args.kv
     if kv is None or (kv.format == "none" and not kv.layer_formats):
         return KVProvenance(source="hf-emulator", kv_dtype=args.dtype, scales_origin="unquantized")
@@ -52,10 +55,11 @@ def emulator_provenance(args: HFEngineArgs, model: str | None = None) -> KVProve
         assert kv.constant_scale is not None  # the spec validator guarantees it
         return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="constant",
                             constant_scale=float(kv.constant_scale))
-    return _static_emulator(args, kv, model)
+    return _static_emulator(args, kv, model, model_layers)
 
 
-def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec, model: str | None) -> KVProvenance:
+def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec, model: str | None,
+                     model_layers: ModelLayers | None) -> KVProvenance:
     import torch  # torch: only when a calibrated scales file is read
 
     from quant.formats.registry import get_format  # torch: the formats are torch code
@@ -66,9 +70,10 @@ def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec, model: str | None) -> 
         return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="unknown", scales_expected=True)
     scales = read_scales(args)
     assert scales is not None  # read_scales reads `named`
+    skips = kv.layer_skips(model_layers) if model_layers is not None else None
     layers = []
     for i in range(scales.num_layers):
-        fmt = kv.layer_format(i)
+        fmt = kv.layer_format(i, skips)
         if fmt == "none":
             layers.append(LayerScales(layer=i, format="none", k_scale=[], v_scale=[]))
             continue
@@ -108,9 +113,13 @@ def engine_provenance(engine: object, args: object, server_log: Path | None) -> 
     own = getattr(engine, "kv_provenance", None)
     if isinstance(own, KVProvenance):
         convention = folder_convention(getattr(getattr(engine, "info", None), "model", None))
-        return own if convention is None else own.model_copy(update={"scales_convention": convention})
+        if convention is None or own.scales_convention is not None:  # the engine's own reading says what it ran
+            return own
+        return own.model_copy(update={"scales_convention": convention})
     if isinstance(args, HFEngineArgs):
-        return emulator_provenance(args, getattr(getattr(engine, "info", None), "model", None))
+        config = getattr(getattr(engine, "model", None), "config", None)  # the hf engine's transformers model
+        shape = config_layers(config.get_text_config(decoder=True)) if config is not None else None
+        return emulator_provenance(args, getattr(getattr(engine, "info", None), "model", None), shape)
     if server_log is not None and server_log.is_file():
         return server_provenance(server_log.read_text(encoding="utf-8", errors="replace"))
     return None

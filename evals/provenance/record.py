@@ -48,6 +48,7 @@ class KVProvenance(BaseModel):
     kv_dtype: str  # the KV cache dtype as the engine resolved it (vLLM "auto": the model dtype, see storage_dtype)
     storage_dtype: str | None = None  # dtype of the allocated KV tensors (vLLM) or the stored codes
     encoding: str | None = None  # how values become stored codes, where measured (e.g. the rounding)
+    attention_backend: str | None = None  # the attention backend the engine picked (vLLM: e.g. CPU_ATTN)
     scales_origin: ScalesOrigin
     # the arm was meant to run with measured scales: static emulator scales, a checkpoint that declares
     # KV quantization (vLLM loaded a KV quant method), a server with a quantization config
@@ -101,6 +102,9 @@ class KVProvenance(BaseModel):
             parts.append(f"stored as {self.storage_dtype}")
         if self.encoding:
             parts.append(self.encoding)
+        if self.attention_backend:
+            native = "native " if self.quantized else ""
+            parts.append(f"{native}{self.kv_dtype} cache, {self.attention_backend} backend")
         origin = self.scales_origin
         if self.scales_sha256:
             origin += f" (sha256 {self.scales_sha256[:12]})"

@@ -17,6 +17,8 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from evals.engines import EngineName
+from evals.engines.vllm.kv.record import KVExecution
+from evals.engines.vllm.load import LoadRecord
 from evals.errors import RecordError
 from evals.provenance.record import KVProvenance
 from quant.fileio import atomic_write_text
@@ -82,6 +84,9 @@ class EngineSummary(BaseModel):
     name: str
     deterministic: bool
     kv: KVProvenance | None = None  # the KV cache and K/V scales the engine really ran with
+    # the qa_kv plugin's per-layer device counts over the arm, checked against the tokens vLLM computed
+    kv_execution: KVExecution | None = None
+    load: LoadRecord | None = None  # a loaded vllm arm: what its requests were served amid (vLLM's scheduler counters)
 
 
 class ReusedFrom(BaseModel):

@@ -203,6 +203,10 @@ class OpenArm:
                         reference=options is None or options.reference_signal)
 
 
+# what an engine knows only once it has run, saved into arm.json's engine_info at close
+RAN_ATTRS = {"kv_execution": "kv_execution", "load": "load_record"}
+
+
 @contextmanager
 def open_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path) -> Iterator[OpenArm]:
     """Check `out_dir/records/<arm>/` against this configuration, build the engine once and write
@@ -230,7 +234,13 @@ def open_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path) 
     try:
         yield OpenArm(config, engine, arm_dir, {b[0].name: b for b in built})
     finally:
-        engine.close()
+        try:
+            engine.close()  # a vllm arm with the qa_kv plugin checks its rewrite counts here
+        finally:
+            ran = {k: v for k, attr in RAN_ATTRS.items() if (v := getattr(engine, attr, None)) is not None}
+            if ran:  # the qa_kv plugin's checked counts; a loaded arm's scheduler counters
+                info = info.model_copy(update=ran)
+                manifest.model_copy(update={"engine_info": info}).save(arm_dir / ARM_FILE)
 
 
 def run_arm(config: ArmConfig, tasks: Sequence[ArmTask | Task], out_dir: Path, *,

@@ -4,10 +4,11 @@ plugin switched on only by a vLLM server's `kv` table)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from evals.engines.vllm.args import RESERVED_SERVER_ARGS, cli_flags
-from evals.engines.vllm.kv.spec import PLUGIN_ENV, check_vllm_kv, plugin_env
+from evals.engines.vllm.kv.spec import PLUGIN_ENV, RAY_COPY_ENV, check_vllm_kv, plugin_env
 from evals.errors import EngineError
 from evals.offline import offline_env
 from evals.servers.interpreter import vllm_python
@@ -92,7 +93,7 @@ def kv_plugin_env(spec: VllmServerSpec) -> dict[str, str]:
     kv = spec.kv_spec
     assert kv is not None  # a kv table parses to a spec or raises
     check_vllm_kv(kv, str(spec.args.get("kv_cache_dtype", "auto")), where="vllm server")
-    return plugin_env(kv)
+    return plugin_env(kv, ray_extra=spec.env.get(RAY_COPY_ENV, os.environ.get(RAY_COPY_ENV, "")))
 
 
 def server_env(spec: VllmServerSpec | LlamaCppServerSpec) -> dict[str, str]:

@@ -14,6 +14,7 @@ from qa.cli import (
     data_cmd,
     eval_cmd,
     gate_cmd,
+    invariance_cmd,
     kv_inspect_cmd,
     plan_cmd,
     report_cmd,
@@ -25,7 +26,7 @@ from qa.logs import quiet_third_party_logs
 from quant.validation import did_you_mean
 
 COMMAND_MODULES = (calibrate_cmd, kv_inspect_cmd, compare_cmd, plan_cmd, eval_cmd, run_cmd, gate_cmd, report_cmd,
-                   data_cmd)  # each registers on `app`
+                   data_cmd, invariance_cmd)  # each registers on `app`
 NO_SUCH_COMMAND = re.compile(r"No such command '([^']*)'")
 
 

@@ -33,6 +33,8 @@ def _print_plan(spec_path: Path, dry: api.DryRun) -> None:
             console.print("  environment: " + json.dumps(arm.env, sort_keys=True))
         for note in arm.notes:
             console.print(f"  note: {note}")
+        if arm.kv_layers is not None:
+            console.print(f"  kv layers: {arm.kv_layers}", highlight=False)
         if tasks and arm.engine != "lmeval":
             table = Table("task", "items available", "items", "repeats", "samples")
             for t in tasks:

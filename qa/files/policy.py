@@ -38,7 +38,7 @@ DEFAULT_POLICY_NAME = "default.toml"
 Rule = Literal["noninferiority", "tost", "sigma"]
 SEBasis = Literal["baseline", "unpaired", "paired"]
 Underpowered = Literal["inconclusive", "fail"]
-ReferenceGate = Literal["when_no_information", "always", "never"]  # qa.gate.reference
+ReferenceGate = Literal["when_no_information", "always", "instead_of_accuracy", "never"]  # qa.gate.reference
 RULES: tuple[str, ...] = ("noninferiority", "tost", "sigma")
 
 # When a task has several (metric, filter) estimates and the policy names none, the first of
@@ -83,6 +83,9 @@ class TaskPolicy(BaseModel):
     # path, drift reported beside it; "drift" also the warm/cold drift (hit rate, excess flips, KL)
     cache_gate: Literal["warm_path", "drift"] = "warm_path"
     cache_kl_margin: float = Field(default=0.01, gt=0)  # nats/token: tolerated excess of KL(cold || warm) over the baseline's
+    # under load (qa.gate.batch_invariance): largest tolerated excess of the candidate's rate of items whose outcome
+    # changes between concurrency 1 and N over the baseline's; None: reported only
+    batch_invariance_margin: float | None = Field(default=None, gt=0, le=1)
 
     @field_validator("rules")
     @classmethod

@@ -4,17 +4,26 @@
 `decide` applies every rule: the accuracy, truncation, reference-answer, cache-path and sequential rules of
 qa.gate.rules on comparison.json's numbers, then the KV-scale provenance rule (qa.gate.provenance) on what the
 candidate's engine said it ran with (records/<candidate>/arm.json). `decide_folder` reads both from a run
-directory.
+directory, leaves the verdict inconclusive where an arm's proof of execution refused it, and applies the
+batch-invariance rules where the folder holds batch_invariance.json (qa.gate.batch_invariance).
 """
 
 from __future__ import annotations
 
 from evals.provenance.engines import KVProvenance
+from qa.compare.batch_invariance import INVARIANCE_FILE, BatchInvariance
 from qa.files.comparison import Comparison
 from qa.files.policy import Policy
 from qa.files.rundir import RunDir
 from qa.files.verdict import Verdict
-from qa.gate.provenance import apply_scales_rule, check_scales, load_kv_provenance
+from qa.gate.batch_invariance import apply_invariance, decide_invariance
+from qa.gate.provenance import (
+    apply_execution_rule,
+    apply_scales_rule,
+    check_scales,
+    execution_refusal,
+    load_kv_provenance,
+)
 from qa.gate.rules import apply_rules
 
 
@@ -31,4 +40,9 @@ def decide_folder(rd: RunDir, policy: Policy, comparison: Comparison | None = No
     arm.json; the verdict names the comparison's sha256. Writes nothing."""
     comparison = comparison or rd.load_comparison()
     kv = load_kv_provenance(rd.arm_records(comparison.candidate))
-    return decide(comparison, policy, kv, rd.comparison_sha256())
+    refusals = [r for arm in (comparison.baseline, comparison.candidate)
+                if (r := execution_refusal(arm, rd.arm_records(arm))) is not None]
+    verdict = apply_execution_rule(decide(comparison, policy, kv, rd.comparison_sha256()), refusals)
+    if (rd.root / INVARIANCE_FILE).is_file():
+        verdict = apply_invariance(verdict, decide_invariance(BatchInvariance.load(rd.root / INVARIANCE_FILE), policy))
+    return verdict

@@ -10,7 +10,8 @@ unusable for NVFP4), and for one whose scales are in another convention than its
 (`mismatch`: e.g. NVFP4 decode scales amax/2688 run by an fp8 cache, or a global scale amax/6 read as
 vLLM's NVFP4 decode multiplier). A quantized candidate nobody promised scales for that ran at 1.0 gets a
 note only. The provenance is read from the arm's records/<arm>/arm.json (`engine_info.kv`); arms
-without one (lm-eval imports) are not judged.
+without one (lm-eval imports) are not judged. An arm whose vLLM KV plugin's proof of execution refused it
+(`engine_info.kv_execution.refusal`) leaves the verdict inconclusive, whatever its records say.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Literal
 
 from evals.errors import RecordError
 from evals.provenance.engines import STATIC_ORIGINS, KVProvenance
-from evals.records.arm_file import ARM_FILE, ArmManifest
+from evals.records.arm_file import ARM_FILE, ArmManifest, EngineSummary
 from qa.files.policy import Policy
 from qa.files.verdict import Verdict
 
@@ -40,14 +41,19 @@ class ScalesCheck:
 def load_kv_provenance(arm_dir: Path) -> KVProvenance | None:
     """The `engine_info.kv` of records/<arm>/arm.json; None when the arm has no manifest, an unreadable one
     (lm-eval imports, hand-made folders: not judged) or no provenance."""
+    info = engine_info(arm_dir)
+    return info.kv if info is not None else None
+
+
+def engine_info(arm_dir: Path) -> EngineSummary | None:
+    """The `engine_info` of records/<arm>/arm.json; None when the arm has no manifest or an unreadable one."""
     path = arm_dir / ARM_FILE
     if not path.is_file():
         return None
     try:
-        info = ArmManifest.load(path).engine_info
+        return ArmManifest.load(path).engine_info
     except RecordError:
         return None
-    return info.kv if info is not None else None
 
 
 def check_scales(arm: str, kv: KVProvenance | None) -> ScalesCheck:
@@ -68,6 +74,24 @@ def check_scales(arm: str, kv: KVProvenance | None) -> ScalesCheck:
         return ScalesCheck("defaulted_unasked", f"candidate {arm!r} ran its {kv.kv_dtype} KV cache with K/V scales "
                                                 "defaulted to 1.0 (no calibrated scales were asked for)")
     return ScalesCheck("ok", f"{arm}: {kv.summary()}")
+
+
+def execution_refusal(arm: str, arm_dir: Path) -> str | None:
+    """Why arm `arm` did not run what it claims (records/<arm>/arm.json `engine_info.kv_execution.refusal`: the
+    vLLM plugin's rewrite counts did not match the tokens vLLM computed), None when nothing refused it."""
+    info = engine_info(arm_dir)
+    refusal = None if info is None or info.kv_execution is None else info.kv_execution.refusal
+    return None if refusal is None else f"arm {arm!r} was refused after it ran: {refusal}"
+
+
+def apply_execution_rule(verdict: Verdict, refusals: list[str]) -> Verdict:
+    """The verdict inconclusive (unless it already fails) when an arm's emulation did not run over every token
+    it served: its records do not stand for the configuration it names."""
+    if not refusals:
+        return verdict
+    status = "fail" if verdict.status == "fail" else "inconclusive"
+    return verdict.model_copy(update={"status": status,
+                                      "summary": f"{status.upper()}: {'; '.join(refusals)}; {verdict.summary}"})
 
 
 def apply_scales_rule(verdict: Verdict, check: ScalesCheck, policy: Policy) -> Verdict:

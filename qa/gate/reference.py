@@ -9,8 +9,11 @@ in nats per token, on the (1 - 2 alpha) t interval of each mean over items.
 Both are always computed and reported where the records hold reference answers. They decide when the
 policy's `reference_gate` says so: "when_no_information" (the default: accuracy cannot compare the arms,
 rules.no_information, so the reference signal decides the task alone), "always" (they decide beside the
-accuracy rules: every deciding rule must pass) or "never" (reported only). A task whose engines gave
-no log-probs is reported "not available" and stays as accuracy decided it.
+accuracy rules: every deciding rule must pass), "instead_of_accuracy" (they decide the task, chosen before
+the run for a task whose accuracy cannot decide at the items that fit, as GPQA diamond on a small model:
+accuracy is reported, and only an accuracy fail, a CI wholly below its margin, still fails the task) or
+"never" (reported only). A task whose engines gave no log-probs is reported "not available" and stays as
+accuracy decided it.
 """
 
 from __future__ import annotations
@@ -72,7 +75,8 @@ def _worst(statuses: list[Status]) -> Status:
 def reference_decides(tp: TaskPolicy, no_information: bool) -> bool:
     """Whether the reference-answer rules decide (`reference_gate`: always, or where accuracy carries no
     information), rather than being reported beside the accuracy rules."""
-    return tp.reference_gate == "always" or (tp.reference_gate == "when_no_information" and no_information)
+    return (tp.reference_gate in ("always", "instead_of_accuracy")
+            or (tp.reference_gate == "when_no_information" and no_information))
 
 
 def with_reference(verdict: TaskVerdict, comparison: Comparison, tp: TaskPolicy) -> TaskVerdict:
@@ -90,7 +94,11 @@ def with_reference(verdict: TaskVerdict, comparison: Comparison, tp: TaskPolicy)
     if decides and verdict.kind != "errors":
         status = _worst([r.status for r in rules])
         first = next(r for r in rules if r.status == status)
-        if no_info:
+        if tp.reference_gate == "instead_of_accuracy" and not (verdict.status == "fail" and verdict.kind == "decided"):
+            update.update(status=status, kind="decided" if status != "inconclusive" else verdict.kind, p_worse=None,
+                          reason=f"decided on the reference answers ({ref.n} items): {first.detail}; "
+                                 f"accuracy (reported): {verdict.reason}")
+        elif no_info:
             lead = verdict.reason.split(";")[0]
             update.update(status=status, kind="decided" if status != "inconclusive" else "no_information",
                           p_worse=None, reason=f"{lead}; decided on the reference answers ({ref.n} items): {first.detail}")

@@ -23,6 +23,7 @@ from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.openai_api.sampling import check_sampling
 from evals.engines.vllm.args import VllmEngineArgs, check_offline_flags, engine_kwargs, is_gpu_spec
 from evals.engines.vllm.check import ArmCheck, check_with_vllm
+from evals.engines.vllm.kv.spec import architecture_refusal
 from evals.errors import EngineError
 from evals.records.arm_file import ArmManifest
 from evals.run.reuse import check_reuse
@@ -142,6 +143,38 @@ def check_hf_args(run: ResolvedRun) -> None:
                 check_model_fit(arm.model, arm.engine_args)
 
 
+def model_config_json(arm: ResolvedArm) -> Path | None:
+    """The arm's model's config.json on this machine (its folder, or the hub cache), None when not here."""
+    if arm.model is None:
+        return None
+    if arm.model.path is not None:
+        return arm.model.path / "config.json"
+    from huggingface_hub import try_to_load_from_cache  # huggingface_hub: only to find a cached hub config
+
+    found = try_to_load_from_cache(str(arm.model.hub_id), "config.json")
+    return Path(found) if isinstance(found, str) else None
+
+
+def check_kv_architectures(run: ResolvedRun, strict: bool) -> dict[str, tuple[str, ...]]:
+    """Refuse (EngineError) a vLLM arm with a kv table whose model the qa_kv plugin cannot rewrite, from its
+    config.json alone (evals.engines.vllm.kv.spec.architecture_refusal); a note where it is not here."""
+    notes: dict[str, tuple[str, ...]] = {}
+    for arm in run.arms:
+        served = isinstance(arm.server, VllmServerSpec) and arm.server.kv_spec is not None
+        if not served and not (isinstance(arm.engine_args, VllmEngineArgs) and arm.engine_args.kv is not None):
+            continue
+        path = model_config_json(arm)
+        if path is None or not path.is_file():
+            if strict:
+                continue  # the arm's own problem (a model not here) is raised first; the plugin checks at load
+            notes[arm.name] = ("model architecture not checked against the qa_kv plugin: no config.json here",)
+            continue
+        why = architecture_refusal(path)
+        if why is not None:
+            raise EngineError(f"arm {arm.name!r}: kv cache spec: {why}")
+    return notes
+
+
 def check_reused_baseline(run: ResolvedRun) -> ArmManifest | None:
     """For a baseline with `from` (an earlier run directory): the checked manifest of its records to copy
     (evals.run.reuse; RecordError naming the first mismatch), else None. Writes nothing."""
@@ -162,7 +195,9 @@ def preflight(run: ResolvedRun, *, strict: bool = True) -> Preflight:
     check_hf_args(run)
     fits = fit_scale_folders(run, strict=strict)  # a folder's K/V scales, fitted and refused before any arm
     check_served_requests(run)
-    notes.update(check_vllm(run, strict))
+    notes.update(check_kv_architectures(run, strict))  # from config.json, before vLLM is asked anything
+    for name, lines in check_vllm(run, strict).items():
+        notes[name] = (*notes.get(name, ()), *lines)
     for name, lines in fits.items():
         notes[name] = (*notes.get(name, ()), *lines)
     for arm in run.arms:

@@ -160,9 +160,13 @@ def table_priors(text: str | None = None) -> tuple[dict[str, Prior], dict[str, f
     data = _priors_table(text)
     out = {}
     for task, row in data.get("tasks", {}).items():
+        ref = row.get("reference")
         out[task] = Prior(sd=float(row["sd_diff"]), metric=row.get("metric"), model=row.get("model"),
                           repeats=int(row.get("repeats", 1)), no_information=row.get("no_information"),
-                          source=f"{row['source']} (n = {row['n']}, {row.get('model', 'any model')})")
+                          source=f"{row['source']} (n = {row['n']}, {row.get('model', 'any model')})",
+                          reference=None if ref is None else ReferencePrior(
+                              n=int(ref["n"]), sd_logprob=float(ref["sd_logprob"]), kl=float(ref["kl"]),
+                              sd_kl=float(ref["sd_kl"])))
     return out, {k: float(v) for k, v in data["default"].items()}
 
 
@@ -237,9 +241,11 @@ def reference_prior(ref: ReferenceEstimate) -> ReferencePrior | None:
 
 
 def plan_reference(plan: TaskPlan, tp: TaskPolicy, prior: Prior) -> TaskPlan:
-    """A task whose accuracy carries no information, planned on what decides it: the reference-answer rules
+    """A task whose accuracy carries no information (or whose policy says the reference answers decide it
+    instead of accuracy), planned on what decides it: the reference-answer rules
     (qa.gate.reference: delta log-prob above -margin, KL below its margin, nats/token), when a prior has them."""
-    lead = f"accuracy carries no information ({prior.source}: {prior.no_information})"
+    lead = (f"accuracy carries no information ({prior.source}: {prior.no_information})"
+            if tp.reference_gate != "instead_of_accuracy" else "the policy decides it on the reference answers")
     if tp.reference_gate == "never":
         return replace(plan, note=f"not planned: {lead} and reference_gate = \"never\": inconclusive")
     ref = prior.reference
@@ -281,7 +287,7 @@ def plan_task(count: CountedTask, tp: TaskPolicy, prior: Prior, model: str) -> T
                     power=tp.power, min_n=tp.min_n, source=prior.source)
     if not any(r in MARGIN_RULES for r in tp.rules):
         return replace(base, source="-", note=f"not planned: gated on {', '.join(tp.rules)} only (no margin)")
-    if prior.no_information is not None and prior.model == model:
+    if (prior.no_information is not None and prior.model == model) or tp.reference_gate == "instead_of_accuracy":
         return plan_reference(base, tp, prior)
     needed = items_needed(prior.sd, tp.margin, tp.alpha, tp.power)
     if n < 2:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
+from qa.report.batch_invariance import html_section as batch_invariance_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.figures import Figures
 from qa.report.gather import ReportInputs, gated_estimate
@@ -196,6 +197,7 @@ def render_html(inp: ReportInputs, figs: Figures) -> str:
             parts.append(html_table(DIST_HEADERS, rows, set(range(2, 10))))
         parts += [_img(png, f"KL divergence per chunk, {task}") for task, png in figs.kl]
     parts.append(reference_section(inp))
+    parts.append(batch_invariance_section(inp))
     parts.append(cache_path_section(inp))
     parts.append(slices_section(inp))
     parts += ["<h2>Changed answers</h2>", _examples(inp)]

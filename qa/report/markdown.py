@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from qa.gate.summary import STATUS_MARK
 from qa.report import rows
+from qa.report.batch_invariance import markdown_section as batch_invariance_section
 from qa.report.examples import record_ids, redacted, truncation_mark
 from qa.report.gather import ReportInputs, gated_estimate
 from qa.report.notes import clip, engine_notes, floor_notes, methods, provenance, truncation_notes
@@ -106,6 +107,7 @@ def render_markdown(inp: ReportInputs, figure_files: dict[str, str] | None = Non
             rows.DIST_HEADERS, [rows.dist_row(d) for d in c.distribution]
         )
     lines += reference_section(inp)
+    lines += batch_invariance_section(inp)
     lines += cache_path_section(inp)
     lines += slices_section(inp)
     lines += ["", "## Changed answers", ""] + _examples(inp)

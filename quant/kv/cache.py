@@ -26,20 +26,22 @@ import torch
 from transformers.cache_utils import Cache
 
 from quant.errors import QuantError
-from quant.formats.registry import KVFormat
+from quant.formats.catalog import VLLM_FORMATS
+from quant.formats.registry import KVFormat, kind_format
 from quant.kv.faults import fault_hooks
 from quant.kv.layer import LayerStorage, QuantizedKVLayer
 from quant.kv.plain import recurrent_layer
-from quant.kv.profiles import get_profile, profile_format
+from quant.kv.profiles import get_profile, profile_format, spec_format
 from quant.kv.rows import RowOpsMixin
 from quant.kv.shape import RECURRENT_LAYER_TYPES, SLIDING_LAYER_TYPES, ModelKVShape, model_kv_shape
+from quant.kv.skip_layers import config_layers, skip_indices
 from quant.kv.spec import KVKind, KVQuantSpec
 from quant.kv.stream import StreamPlan
 from quant.scales.files import KVScales, load_spec_scales
 
 # formats with one scale per (token, head) row: an MLA entry [kv_c | k_pe] is one row, with one scale, where
 # the emulator's two streams would have two (block formats keep blocks inside kv_c or k_pe: widths % block)
-PER_ROW_FORMATS: tuple[str, ...] = ("int8", "int4")
+PER_ROW_FORMATS: tuple[str, ...] = ("int8", "int4", *VLLM_FORMATS)  # vLLM's: per (token, head) row
 
 
 class QuantizedKVCache(RowOpsMixin, Cache):
@@ -162,14 +164,14 @@ def check_scales_fit(scales: KVScales | None, num_layers: int, num_kv_heads: int
         )
     if scales.meta.granularity == "head" and scales.meta.num_kv_heads != num_kv_heads:
         raise QuantError(
-            f"the scales file has {scales.meta.num_kv_heads} KV heads per layer, the model has {num_kv_heads} "
-            "(under tensor parallelism, per rank: use per-tensor scales)"
+            f"the scales file has {scales.meta.num_kv_heads} KV heads per layer, the model has {num_kv_heads}; "
+            "calibrate scales for this model"
         )
 
 
 def check_named_layers(spec: KVQuantSpec, num_layers: int) -> None:
     """QuantError when skip_layers / layer_formats name a layer the model does not have."""
-    named = sorted({*spec.skip_layers, *spec.layer_formats})
+    named = sorted({*skip_indices(spec.skip_layers), *spec.layer_formats})
     if named and named[-1] >= num_layers:
         raise QuantError(
             f"kv cache spec names layer {named[-1]}, but the model has {num_layers} layers "
@@ -182,7 +184,7 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
     shape = model_kv_shape(model_config, recurrent_ok=True)
     num_layers = len(shape.layer_types)
     check_named_layers(spec, num_layers)
-    named = sorted({*spec.skip_layers, *spec.layer_formats})
+    named = sorted({*skip_indices(spec.skip_layers), *spec.layer_formats})
     recurrent = [i for i in named if shape.layer_types[i] in RECURRENT_LAYER_TYPES]
     if recurrent:
         raise QuantError(
@@ -197,12 +199,13 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
     if recent_fmt is not None:
         _check_format_fits(recent_fmt, shape, "recent_format")
     prefix_cache = spec.prefix_cache is not None and spec.prefix_cache.enabled  # its hits crop caches exactly
+    skips = spec.layer_skips(config_layers(model_config.get_text_config(decoder=True)))  # as vLLM resolves them
     layers: list[Any] = []
     for i, (layer_type, window) in enumerate(zip(shape.layer_types, shape.sliding_windows)):
         if layer_type in RECURRENT_LAYER_TYPES:
             layers.append(recurrent_layer(model_config, layer_type))
             continue
-        fmt = profile_format(spec.profile, spec.layer_format(i))
+        fmt = spec_format(spec, i, skips)
         _check_format_fits(fmt, shape, i)
         layer_recent = None if fmt.name == "none" else recent_fmt
         kinds: tuple[KVKind, KVKind] = ("k", "v")
@@ -210,7 +213,7 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
             StreamPlan(
                 layer=i,
                 kind=kind,
-                fmt=fmt,
+                fmt=kind_format(fmt, kind),  # TurboQuant stores K and V differently
                 recent_fmt=layer_recent,
                 window=0 if layer_recent is None else spec.recent_window,
                 static_scale=scale_for(spec, scales, fmt, i, kind, shape.mla),

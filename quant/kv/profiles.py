@@ -45,6 +45,8 @@ from quant.formats.catalog import (  # noqa: F401 - the profile table, re-export
 )
 from quant.formats.ggml_blocks import GGML_FORMATS, rotate, round_q8_0
 from quant.formats.registry import FP8Format, KVFormat, QuantizedTensor, get_format
+from quant.kv.skip_layers import LayerSkips
+from quant.kv.spec import KVQuantSpec
 
 assert tuple(GGML_FORMATS) == PROFILE_ONLY_FORMATS  # the catalog names exactly the profile-only formats
 
@@ -203,6 +205,16 @@ def profile_format(profile: str | None, name: str) -> KVFormat:
             fmt = SubnormalsAsZero(fmt)
     if p.rotate:
         fmt = RotatedFormat(fmt)
+    return fmt
+
+
+def spec_format(spec: KVQuantSpec, layer: int, skips: LayerSkips | None = None) -> KVFormat:
+    """The format layer `layer` stores as `spec` says (`skips`: its skip_layers resolved for the model): its
+    profile's, else the registry's with the spec's FP8 rounding (the one place the hf cache and the vLLM
+    plugin both take a layer's format from)."""
+    fmt = profile_format(spec.profile, spec.layer_format(layer, skips))
+    if spec.profile is None and isinstance(fmt, FP8Format) and fmt.rounding != spec.fp8_rounding:
+        fmt = FP8Format(name=fmt.name, kind=fmt.kind, rounding=spec.fp8_rounding)
     return fmt
 
 

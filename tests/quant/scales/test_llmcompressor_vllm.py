@@ -24,6 +24,7 @@ from evals.provenance.engines import engine_provenance
 from qa.gate.provenance import check_scales
 from quant.scales.folder import read_folder_scales
 from tests.llmc_folders import LlmcFolders, llmc_folders
+from tests.vllm_env import skip_unless_cpu_runs_fp8_kv
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 ARGS = {"dtype": "bfloat16", "max_model_len": 256, "enforce_eager": True, "max_num_seqs": 4}
@@ -51,14 +52,8 @@ def test_vllm_accepts_the_fp8_scheme_refuses_the_4bit_one_and_maps_the_names(mad
     assert mapper._map_name(v_field.format(i=3)) == "model.layers.3.self_attn.attn.v_scale"
 
 
-def _cpu_runs_fp8_kv() -> bool:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    return any(f in flags.split() for f in ("avx512f", "amx_tile"))
-
-
 def test_vllm_cpu_runs_the_fp8_folder_with_its_stored_scales(made: LlmcFolders) -> None:
-    if not _cpu_runs_fp8_kv():
-        pytest.skip("vLLM-CPU's fp8 KV cache needs AVX-512 or AMX; this CPU has neither")
+    skip_unless_cpu_runs_fp8_kv()
     folder = made.folder("fp8")
     fs = read_folder_scales(folder)
     engine = build_engine("vllm", resolve_model(str(folder)), {**ARGS, "kv_cache_dtype": "fp8"})

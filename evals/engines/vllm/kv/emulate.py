@@ -1,22 +1,26 @@
-"""The per-layer K/V rewrite the vLLM plugin runs before vLLM stores K and V: quant.formats.registry'
-quantize -> dequantize, the same calls (and so the same bytes and values) as the hf engine's emulated
-cache (quant.kv.stream: `quantize_dequantize(fmt, x, scale, x.dtype)`).
+"""The per-layer K/V rewrite the vLLM plugin runs before vLLM stores K and V: the values
+quant.formats.registry's quantize -> dequantize gives (`quantize_dequantize(fmt, x, scale, x.dtype)[1]`, what
+the hf engine's emulated cache stores, quant.kv.stream), computed by quant.formats.capture: capture-safe.
 
 vLLM hands an attention layer K [T, H, D] and V [T, H, Dv] (T: the tokens of every sequence in the
 step); an MLA layer the latent kv_c [T, Dc] and the rope key k_pe [T, 1, Dr], rewritten as K and V of one
 head with one shared decode scale, as the hf engine's MLA cache stores them (quant.kv.layer). Decode
 scales: static from the scales the hf engine reads (quant.scales.files.KVScales.load: a `qa calibrate` file
-pair, or a model folder read as its writer meant it for the spec's format), `fmt.decode_scale_from_amax(amax)` per layer (and head) exactly as the hf cache
-derives them; constant; or none for the self-scaled formats (mxfp4, int8, int4). The plugin moves a
-plan's scales to its layer's device once, when it installs the rewrite (`LayerPlan.to`), so a call copies
-nothing from the host; a call on another device copies them once and keeps that copy.
+pair, or a model folder read as its writer meant it for the spec's format), `fmt.decode_scale_from_amax(amax)`
+per layer (and head) exactly as the hf cache derives them; constant; or none for the self-scaled formats
+(mxfp4, int8, int4).
 
-The plugin needs only the values, never the packed bytes: where the format has a values-only compiled loop
-(`KVFormat.compiled_values`: nvfp4, fp8 with round-to-nearest; CPU tensors, `quant.formats.compiled.enabled`), the
-plan prepares it once per stream at install, with the scale checked there, and `rewrite_pair` rewrites K and V
-of the same shape in one call on the two stacked. That gives the same values as `quantize_dequantize`
-(tests/evals/engines/vllm/kv/test_emulate.py) at about a sixth of the per-call cost of two such calls on a
-decode step's [1, 3, 64] K and V. Every other case takes `quantize_dequantize`. Torch only, no vllm.
+Everything that reads a tensor on the host happens once, when the plan is made or moved (`layer_plan`,
+`LayerPlan.to`: the scales checked, every constant built on the layer's device). A call then makes no host
+read, no host-to-device copy and no Python branch on values, and raises nothing from values, so vLLM can
+capture it in a CUDA graph (its default FULL_AND_PIECEWISE mode captures the cache write) and replay it:
+`rewrite_pair` rewrites K and V in one call, compiled for their device (inductor: C++ on CPU, Triton on CUDA)
+where it can be, eagerly otherwise (the same values). Each plan keeps a device counter `counts` (int64 [2]):
+[0] the tokens written to the cache (`count_tokens`: slot_mapping >= 0, padded slots are -1), [1] the
+non-finite K/V elements seen; NaN is written as NaN and Inf as the format's arithmetic takes it
+(quant.formats.capture), never an exception inside the engine. A format quant.formats.capture has no rewrite
+(vLLM's own per-token-head and TurboQuant caches, which vLLM stores natively) takes `quantize_dequantize`:
+eager, with host reads, not capture-safe. Torch only, no vllm.
 """
 
 from __future__ import annotations
@@ -26,58 +30,51 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from quant.errors import QuantError
-from quant.formats import compiled
-from quant.formats.registry import KVFormat, ValuesFn, get_format, quantize_dequantize
+from quant.formats import capture
+from quant.formats.registry import KVFormat, quantize_dequantize
 from quant.kv.cache import scale_for, spec_scales
+from quant.kv.profiles import spec_format
+from quant.kv.skip_layers import LayerSkips
 from quant.kv.spec import KVKind, KVQuantSpec
 from quant.scales.files import KVScales
+
+TOKENS, NON_FINITE = 0, 1  # the two entries of LayerPlan.counts
+
+
+def _zero_counts(device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.zeros(2, dtype=torch.int64, device=device)
 
 
 @dataclass(frozen=True)
 class LayerPlan:
     """How one attention layer's K and V are rewritten: format and decode scales (None: self-scaled or
-    unquantized); scales have shape () or [H, 1] (one per KV head, broadcast over [T, H, D])."""
+    unquantized; shape () or [H, 1], one per KV head, broadcast over [T, H, D]), the rewrite prepared on the
+    plan's device (None: the format has no capture-safe one), and the layer's device counters
+    `counts` int64 [2]: tokens written, non-finite K/V elements seen."""
 
     layer: int
     fmt: KVFormat
     k_scale: torch.Tensor | None
     v_scale: torch.Tensor | None
-    # (kind, device) -> that stream's scale on that device: filled at most once per device, never per call
-    _moved: dict[tuple[KVKind, torch.device], torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
-    # values-only rewrites at the plan's scales, on their device (set by `to`): K, V, and K and V stacked
-    _fast: dict[str, ValuesFn] = field(default_factory=dict, repr=False, compare=False)
+    prepared: capture.Prepared | None = field(default=None, repr=False, compare=False)
+    counts: torch.Tensor = field(default_factory=_zero_counts, repr=False, compare=False)
 
     @property
     def identity(self) -> bool:
         """Whether the rewrite leaves K and V as they are (format none)."""
         return self.fmt.name == "none"
 
+    @property
+    def device(self) -> torch.device:
+        """Where the plan's constants and counters are, and so where its rewrites run."""
+        return self.counts.device
+
     def to(self, device: torch.device | str) -> LayerPlan:
-        """This plan with its decode scales on `device` (the layer's, at install: no copy per call)."""
+        """This plan with its scales and constants on `device` (the layer's, at install: nothing is copied per
+        call) and fresh zero counters there."""
         k, v = (None if t is None else t.to(device) for t in (self.k_scale, self.v_scale))
-        return replace(self, k_scale=k, v_scale=v, _moved={}, _fast=_fast_rewrites(self.fmt, k, v))
-
-    def scale(self, kind: KVKind, device: torch.device) -> torch.Tensor | None:
-        """The decode scale of stream `kind` on `device`: the plan's own tensor when it is there, else a copy
-        made on the first call for that device and reused after."""
-        own = self.k_scale if kind == "k" else self.v_scale
-        if own is None or own.device == device:
-            return own
-        moved = self._moved.get((kind, device))
-        if moved is None:
-            moved = self._moved[(kind, device)] = own.to(device)
-        return moved
-
-
-def _fast_rewrites(fmt: KVFormat, k: torch.Tensor | None, v: torch.Tensor | None) -> dict[str, ValuesFn]:
-    """The format's values-only rewrites at scales k and v (() or [H, 1]): "k", "v" for one stream [T, H, D],
-    "pair" for K and V stacked [2, T, H, D] (scales stacked to [2, 1, H or 1, 1]); empty when the format has
-    none or the scales are not on the CPU."""
-    prepare = getattr(fmt, "compiled_values", None)
-    if prepare is None or k is None or v is None or k.device.type != "cpu":  # the compiled loops run on CPU
-        return {}
-    fast = {"k": prepare(k), "v": prepare(v), "pair": prepare(torch.stack(torch.broadcast_tensors(k, v)).reshape(2, 1, -1, 1))}
-    return {name: fn for name, fn in fast.items() if fn is not None}
+        prepared = None if self.prepared is None else self.prepared.to(device)
+        return replace(self, k_scale=k, v_scale=v, prepared=prepared, counts=_zero_counts(device))
 
 
 def load_scales(spec: KVQuantSpec) -> KVScales | None:
@@ -85,17 +82,21 @@ def load_scales(spec: KVQuantSpec) -> KVScales | None:
     return spec_scales(spec)
 
 
-def layer_plan(spec: KVQuantSpec, scales: KVScales | None, layer: int, *, mla: bool = False) -> LayerPlan:
-    """The rewrite of attention layer `layer`: its decode scales as the hf cache takes them (quant.kv.cache.
-    scale_for; an MLA layer's K and V share one static scale), shaped [H, 1] for vLLM's [T, H, D] when per head."""
-    fmt = get_format(spec.layer_format(layer))
-    if not fmt.needs_tensor_scale:
-        return LayerPlan(layer, fmt, None, None)
-    if spec.scales == "static" and scales is None or spec.scales == "dynamic":
-        # spec.refusal keeps per-sequence dynamic scales of these formats out
-        raise QuantError(f"layer {layer}: {fmt.name} needs static or constant decode scales in vLLM")
-    k, v = (_per_head(scale_for(spec, scales, fmt, layer, kind, mla)) for kind in ("k", "v"))
-    return LayerPlan(layer, fmt, k, v, _fast=_fast_rewrites(fmt, k, v))
+def layer_plan(spec: KVQuantSpec, scales: KVScales | None, layer: int, *, mla: bool = False,
+               skips: LayerSkips | None = None) -> LayerPlan:
+    """The rewrite of attention layer `layer` on the CPU (`LayerPlan.to` moves it): its decode scales as the hf
+    cache takes them (quant.kv.cache.scale_for; an MLA layer's K and V share one static scale), shaped [H, 1]
+    for vLLM's [T, H, D] when per head, and checked here (`skips`: the spec's skip_layers resolved for the
+    model, quant.kv.skip_layers); QuantError for scales the format refuses."""
+    fmt = spec_format(spec, layer, skips)  # the spec's FP8 rounding applied (quant.kv.profiles)
+    k = v = None
+    if fmt.needs_tensor_scale:
+        if spec.scales == "static" and scales is None or spec.scales == "dynamic":
+            # spec.refusal keeps per-sequence dynamic scales of these formats out
+            raise QuantError(f"layer {layer}: {fmt.name} needs static or constant decode scales in vLLM")
+        k, v = (_per_head(scale_for(spec, scales, fmt, layer, kind, mla)) for kind in ("k", "v"))
+    prepared = None if capture.family_of(fmt) is None else capture.prepare(fmt, k, v)  # None: quantize_dequantize
+    return LayerPlan(layer, fmt, k, v, prepared)
 
 
 def _per_head(d: torch.Tensor | None) -> torch.Tensor | None:
@@ -103,28 +104,34 @@ def _per_head(d: torch.Tensor | None) -> torch.Tensor | None:
     return d.reshape(-1, 1) if d is not None and d.dim() else d
 
 
-def rewrite(plan: LayerPlan, x: torch.Tensor, kind: KVKind) -> torch.Tensor:
-    """x [T, H, D] (or [T, D]) as the cache would hold it: quantized and read back in x's dtype."""
-    if plan.identity or x.numel() == 0:
+def _bad(plan: LayerPlan, count: bool) -> torch.Tensor | None:
+    """The counter that receives the non-finite elements (a view: added to in place), or None."""
+    return plan.counts[NON_FINITE:] if count else None
+
+
+def count_tokens(plan: LayerPlan, slot_mapping: torch.Tensor) -> None:
+    """Add the tokens one cache write stores (slot_mapping >= 0; padded slots are -1) to plan.counts[0], on the
+    device, in place: no host read, so a CUDA graph captures it and each replay counts again."""
+    plan.counts[TOKENS:NON_FINITE].add_((slot_mapping >= 0).sum())
+
+
+def rewrite(plan: LayerPlan, x: torch.Tensor, kind: KVKind, *, count: bool = True) -> torch.Tensor:
+    """x [T, H, D] (or [T, D]) as the cache would hold it: quantized and read back in x's dtype; with `count`
+    its non-finite elements are added to plan.counts[1]."""
+    if x.numel() == 0 or plan.identity and not count:
         return x
-    scale = plan.scale(kind, x.device)
-    fast = plan._fast.get(kind)
-    if fast is not None and scale is (plan.k_scale if kind == "k" else plan.v_scale) and compiled.enabled(x):
-        values = fast(x, x.dtype, 0)
-        if values is not None:
-            return values
-    return quantize_dequantize(plan.fmt, x.contiguous(), scale, x.dtype)[1]
+    if plan.prepared is None:
+        return quantize_dequantize(plan.fmt, x.contiguous(), plan.k_scale if kind == "k" else plan.v_scale,
+                                   x.dtype)[1]
+    return capture.one(plan.prepared, x, kind, _bad(plan, count))
 
 
-def rewrite_pair(plan: LayerPlan, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rewrite(plan, key, "k"), rewrite(plan, value, "v")), in one compiled call on the two stacked when
-    they have the same shape [T, H, D] and dtype on the plan's device and the format has a values-only loop."""
-    fast = plan._fast.get("pair")
-    if (fast is not None and not plan.identity and key.dim() == 3 and key.shape == value.shape
-            and key.dtype == value.dtype and plan.k_scale is not None and key.device == plan.k_scale.device):
-        both = torch.stack((key, value))  # [2, T, H, D]
-        if both.numel() and compiled.enabled(both):
-            values = fast(both, key.dtype, 1)
-            if values is not None:
-                return values[0], values[1]
-    return rewrite(plan, key, "k"), rewrite(plan, value, "v")
+def rewrite_pair(plan: LayerPlan, key: torch.Tensor, value: torch.Tensor, *,
+                 count: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rewrite(plan, key, "k"), rewrite(plan, value, "v")) in one call (one compiled function for both, any
+    shapes with the tokens in dim 0); with `count` their non-finite elements are added to plan.counts[1]."""
+    if key.numel() == 0 and value.numel() == 0 or plan.identity and not count:
+        return key, value
+    if plan.prepared is None or key.numel() == 0 or value.numel() == 0:
+        return rewrite(plan, key, "k", count=count), rewrite(plan, value, "v", count=count)
+    return capture.pair(plan.prepared, key, value, _bad(plan, count))

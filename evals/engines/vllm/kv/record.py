@@ -1,11 +1,13 @@
 """What the qa_kv plugin rewrote, as each vLLM process that loaded the model records it, and the arm's
 KV provenance built from it ("emulated in vLLM": format, scales and their sha256, one entry per layer).
 
-A process writes `<QA_VLLM_KV_RECORD>/kv-<pid>.json` (a PluginRecord) once its model is loaded and every
-attention layer checked; the offline engine reads the folder after `vllm.LLM(...)` returns, and the plugin
+A process writes `<QA_VLLM_KV_RECORD>/kv-<pid>-<load>.json` (a PluginRecord: `load` counts the model loads
+in that process, `role` says whether it is the target model or a speculative drafter, so a drafter loaded in
+the same process never overwrites the target's) once its model is loaded and every attention layer checked; the offline engine reads the folder after `vllm.LLM(...)` returns, and the plugin
 logs the same record as one line (`LOG_PREFIX` + JSON) so a server's log carries it (evals.provenance.server_log).
 `checked_record` accepts them only when every process that loads the model recorded the same load (one
-record per tensor / pipeline / context / data-parallel rank, `expected_loads`): one worker without the
+target record per tensor / pipeline / context / data-parallel rank, `expected_loads`; drafters' records are
+checked the same way among themselves): one worker without the
 plugin would otherwise run its share of the heads unemulated while the arm passes. Imports neither torch
 nor vllm.
 """
@@ -26,12 +28,14 @@ from evals.errors import EngineError
 from evals.provenance.record import KVProvenance, LayerScales, ProvenanceSource, ScalesOrigin
 from quant.fileio import atomic_write_text, scales_paths, sha256_file
 from quant.kv.spec import KVQuantSpec
-from quant.scales.conventions import VLLM_FOLDER_FORMATS
+from quant.scales.conventions import VLLM_FOLDER_FORMATS, expected_convention
 from quant.scales.folder import read_folder_scales
 
 RECORD_SCHEMA = 1
 LOG_PREFIX = "qa_kv plugin record: "  # the log line that carries a PluginRecord as JSON
 LayerKind = Literal["attention", "mla"]
+LoadRole = Literal["target", "drafter"]  # the model an engine serves, or its speculative-decoding drafter
+COUNTS_METHOD = "qa_kv_counts"  # the worker method collective_rpc calls: every load's per-layer counters (JSON)
 EXTERNAL_LAUNCHER = "external_launcher"  # torchrun-style: each process runs its own LLM for one rank
 NO_RECORD_HINT = ("vLLM ran without it (is it installed in vLLM's interpreter, `pip install --no-deps -e .`, and "
                   "not left out by VLLM_PLUGINS?)")
@@ -48,6 +52,9 @@ class RewrittenLayer(BaseModel):
     format: str
     k_scale: list[float] = Field(default_factory=list)  # decode scale(s); empty: self-scaled or none
     v_scale: list[float] = Field(default_factory=list)
+    # per-head scales: the model's KV heads k_scale / v_scale belong to, in order (a tensor-parallel rank's
+    # share, evals.engines.vllm.kv.heads); empty: one scale for every head
+    kv_heads: list[int] = Field(default_factory=list)
 
 
 class PluginRecord(BaseModel):
@@ -58,6 +65,8 @@ class PluginRecord(BaseModel):
     schema_version: Literal[1] = RECORD_SCHEMA
     vllm: str
     pid: int
+    load: int = Field(default=0, ge=0)  # which model load of this process (0: the first)
+    role: LoadRole = "target"
     spec: dict[str, object]  # the KVQuantSpec as the plugin read it (its JSON dump)
     layers: list[RewrittenLayer]
 
@@ -66,10 +75,49 @@ class PluginRecord(BaseModel):
         return LOG_PREFIX + self.model_dump_json()
 
 
+class LoadCounts(BaseModel):
+    """What one model load's rewrites counted on the device (plugin.load_counts): per layer name,
+    [tokens written to the cache, non-finite K/V elements]."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int
+    load: int = Field(ge=0)
+    role: LoadRole
+    layers: dict[str, tuple[int, int]]
+
+
+class LayerCount(BaseModel):
+    """One layer's counts over an arm: tokens its cache write rewrote, non-finite K/V elements it stored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    pid: int
+    load: int = Field(ge=0)
+    role: LoadRole
+    name: str
+    tokens: int
+    nonfinite: int
+
+
+class KVExecution(BaseModel):
+    """The proof that the rewrites ran over an arm (arm.json `engine_info.kv_execution`, evals.engines.vllm.kv.
+    proof): every layer's device counts against the tokens vLLM computed, and the refusal when they differ."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    expected_tokens: int  # prompt tokens less cached ones, plus generated tokens fed back, over the arm
+    requests: int
+    exact: bool  # every target layer must have counted exactly expected_tokens (else: at least)
+    note: str | None = None  # why not exact
+    refusal: str | None = None  # why the arm was refused (None: every layer's count checked out)
+    layers: list[LayerCount] = Field(default_factory=list)
+
+
 def write_record(record: PluginRecord, folder: Path) -> Path:
-    """Write `folder/kv-<pid>.json` atomically; returns its path."""
+    """Write `folder/kv-<pid>-<load>.json` atomically; returns its path."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"kv-{record.pid}.json"
+    path = folder / f"kv-{record.pid}-{record.load}.json"
     atomic_write_text(path, record.model_dump_json(indent=2) + "\n")
     return path
 
@@ -143,10 +191,20 @@ def _difference(a: PluginRecord, b: PluginRecord) -> str:
 
 
 def checked_record(records: Sequence[PluginRecord], expected: ExpectedLoads, where: str) -> PluginRecord:
-    """The load every model-loading process recorded (`records`; a pid's last record counts), its pipeline
-    stages' layers merged in layer order; EngineError (one line, prefixed `where`) when none or fewer than
-    `expected.processes` arrived, or when they disagree on the spec, vLLM or any layer's format and scales
-    (under pipeline parallelism: unless they split into `expected.stages` disjoint sets of layers)."""
+    """The target load every model-loading process recorded (`records`; a pid's last target record counts),
+    its pipeline stages' layers merged in layer order; EngineError (one line, prefixed `where`) when none or
+    fewer than `expected.processes` arrived, or when they disagree on the spec, vLLM or any layer's format
+    and scales (under pipeline parallelism: unless they split into `expected.stages` disjoint sets of
+    layers; per-head scales: on a KV head two tensor-parallel ranks both hold, the record returned holding
+    every head's). Drafters' records, where there are any, pass the same check among themselves."""
+    drafters = [r for r in records if r.role == "drafter"]
+    if drafters:
+        checked_loads([r for r in records if r.role == "drafter"], expected, f"{where} (speculative drafter)")
+    return checked_loads([r for r in records if r.role == "target"], expected, where)
+
+
+def checked_loads(records: Sequence[PluginRecord], expected: ExpectedLoads, where: str) -> PluginRecord:
+    """checked_record for the records of one role."""
     by_pid = {r.pid: r for r in records}
     got = list(by_pid.values())
     if not got:
@@ -177,15 +235,48 @@ def checked_record(records: Sequence[PluginRecord], expected: ExpectedLoads, whe
     if short:
         raise EngineError(f"{where}: the pipeline stage of {_summary(short[0][0])} has {len(short[0])} of its "
                           f"{per_stage} records: the others ran without the qa_kv plugin; refusing the arm")
-    for group in stages.values():
-        for other in group[1:]:
-            if {r.name: r for r in other.layers} != {r.name: r for r in group[0].layers}:
+    joined = [joined_heads(group) for group in stages.values()]  # tensor-parallel ranks' KV heads joined
+    for group, whole in zip(stages.values(), joined):
+        for other in group:
+            if other.layers != [head_share(whole, r) for r in other.layers]:
                 raise EngineError(f"{where}: the qa_kv plugin's records disagree: {_difference(group[0], other)}; "
                                   "refusing the arm")
     if expected.stages == 1:
-        return first
-    layers = sorted((r for group in stages.values() for r in group[0].layers), key=lambda r: (r.layer, r.name))
+        return joined[0]
+    layers = sorted((r for whole in joined for r in whole.layers), key=lambda r: (r.layer, r.name))
     return first.model_copy(update={"layers": layers})
+
+
+def joined_heads(group: Sequence[PluginRecord]) -> PluginRecord:
+    """The first of one pipeline stage's records with each per-head layer's scales joined over the KV heads
+    its tensor-parallel ranks hold (`kv_heads`, head order; a replicated head from its first rank)."""
+    layers = []
+    for layer in group[0].layers:
+        k: dict[int, float] = {}
+        v: dict[int, float] = {}
+        for record in group:
+            for r in (r for r in record.layers if r.name == layer.name and r.kv_heads):
+                for head, ks, vs in zip(r.kv_heads, r.k_scale, r.v_scale, strict=False):
+                    k.setdefault(head, ks)
+                    v.setdefault(head, vs)
+        heads = sorted(k)
+        layers.append(layer.model_copy(update={"kv_heads": heads, "k_scale": [k[h] for h in heads],
+                                               "v_scale": [v[h] for h in heads]}) if heads else layer)
+    return group[0].model_copy(update={"layers": layers})
+
+
+def head_share(whole: PluginRecord, layer: RewrittenLayer) -> RewrittenLayer:
+    """`whole`'s entry (joined_heads, one stage) for `layer`'s name, cut to the KV heads `layer` holds: what the
+    process that recorded `layer` should have recorded (the entry whole when either names no heads)."""
+    mine = next(r for r in whole.layers if r.name == layer.name)  # a stage's records name the same layers
+    if not mine.kv_heads or not layer.kv_heads:
+        return mine
+    at = {h: i for i, h in enumerate(mine.kv_heads)}
+    heads = layer.kv_heads
+    if any(h not in at for h in heads):  # a head without a scale in its own record: never equal
+        return mine
+    return mine.model_copy(update={"kv_heads": heads, "k_scale": [mine.k_scale[at[h]] for h in heads],
+                                   "v_scale": [mine.v_scale[at[h]] for h in heads]})
 
 
 def scales_identity(spec: KVQuantSpec) -> tuple[ScalesOrigin, str | None, str | None]:
@@ -193,8 +284,9 @@ def scales_identity(spec: KVQuantSpec) -> tuple[ScalesOrigin, str | None, str | 
     it declares, or a scales file's tensors and the convention of the spec's format."""
     if spec.scales == "dynamic":
         return "dynamic", None, None
-    if spec.scales == "constant":
-        return "constant", None, None
+    if spec.scales == "constant":  # a constant given for a format is that format's own decode scale
+        expected = expected_convention(spec.format)
+        return "constant", None, expected.name if expected is not None else None
     path = spec.scales_file
     if path is None:
         return "unknown", None, None

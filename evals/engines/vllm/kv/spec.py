@@ -1,8 +1,9 @@
 """What vLLM + the qa_kv plugin can honour of a `kv = { ... }` spec, and the environment that switches it on.
 
 The plugin is inert unless `QA_VLLM_KV` holds a validated KVQuantSpec as JSON: an environment variable
-reaches every process vLLM starts (engine core, tensor/data-parallel workers, Ray workers inherit the
-driver's environment, `vllm serve` children). `QA_VLLM_KV_RECORD` names a folder where each process that
+reaches every process vLLM starts on this machine (engine core, tensor/data-parallel workers, `vllm serve`
+children); Ray workers get only what vLLM copies to them, so `plugin_env` adds both names to
+`VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`. `QA_VLLM_KV_RECORD` names a folder where each process that
 loads the model writes what it rewrote (evals.engines.vllm.kv.record).
 
 Refused here, in one line, before any arm starts (`check_vllm_kv`): what vLLM's cache cannot do or the
@@ -25,6 +26,9 @@ from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
 
 PLUGIN_ENV = "QA_VLLM_KV"  # the kv spec as JSON: the plugin rewrites K/V only when it is set
 RECORD_ENV = "QA_VLLM_KV_RECORD"  # a folder: each process writes what it rewrote at model load
+# vLLM's list of extra variables its Ray executor copies to the workers (vllm/ray/ray_env.py: only VLLM_*,
+# HF_*, NCCL_* and a few others by default)
+RAY_COPY_ENV = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
 PLUGIN_NAME = "qa_kv"  # the entry point's name in the vllm.general_plugins group (pyproject.toml)
 # vLLM dtypes that store K/V at the model's own precision: the only ones the emulated values may go into
 UNQUANTIZED_DTYPES = frozenset({"auto", "bfloat16", "float16", "float32", "half", "float"})
@@ -32,6 +36,15 @@ UNQUANTIZED_DTYPES = frozenset({"auto", "bfloat16", "float16", "float32", "half"
 # themselves per block (mxfp4) or per row (int8, int4), so "dynamic" needs no per-sequence state for them
 TENSOR_SCALED = frozenset({"nvfp4", "nvfp4_4over6", "fp8_e4m3", "fp8_e5m2"})
 DEFAULTS = KVQuantSpec()
+# model architectures whose attention layers are their own classes, not vLLM's Attention or MLAAttention
+# (vLLM 0.32, read in vllm/models/ and model_executor/models/registry.py): the plugin refuses them when the
+# model loads, so a run that asks to emulate their cache is refused before, from config.json alone
+UNREWRITABLE: dict[str, str] = {
+    "DeepseekV4ForCausalLM": "DeepseekV4Attention (vllm/models/deepseek_v4/attention.py)",
+    "DeepseekV4ForConditionalGeneration": "DeepseekV4Attention (vllm/models/deepseek_v4/attention.py)",
+    "DeepseekV41ForCausalLM": ("DeepseekV4Attention (vllm/models/deepseek_v41/attention.py: its own packed "
+                               "fp8_ds_mla / nvfp4_ds_mla cache with an MXFP8 sliding-window record)"),
+}
 
 
 def used_formats(spec: KVQuantSpec) -> set[str]:
@@ -66,6 +79,22 @@ def refusal(spec: KVQuantSpec, kv_cache_dtype: str = "auto") -> str | None:
     return None
 
 
+def architecture_refusal(config_json: Path) -> str | None:
+    """Why the plugin cannot rewrite the model a config.json describes (its `architectures`; one clause), None
+    when nothing says so (an unreadable file says nothing: the plugin still checks every layer at load)."""
+    try:
+        config = json.loads(config_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    names = config.get("architectures") if isinstance(config, dict) else None
+    for name in names if isinstance(names, list) else []:
+        if name in UNREWRITABLE:
+            return (f"{name}'s attention is {UNREWRITABLE[name]}, neither vLLM's Attention nor MLAAttention: the "
+                    "qa_kv plugin cannot emulate its KV cache (gate the native cache, or run the candidate on "
+                    "a model the plugin rewrites)")
+    return None
+
+
 def check_vllm_kv(spec: KVQuantSpec, kv_cache_dtype: str = "auto", *, where: str = "vllm") -> None:
     """EngineError (one line) when vLLM + the plugin cannot run `spec` (`refusal`)."""
     why = refusal(spec, kv_cache_dtype)
@@ -80,11 +109,14 @@ def spec_json(spec: KVQuantSpec) -> str:
     return json.dumps(given, separators=(",", ":"), sort_keys=True)
 
 
-def plugin_env(spec: KVQuantSpec, record_dir: Path | None = None) -> dict[str, str]:
-    """The variables that switch the plugin on for `spec` (and where it records what it rewrote)."""
+def plugin_env(spec: KVQuantSpec, record_dir: Path | None = None, *, ray_extra: str = "") -> dict[str, str]:
+    """The variables that switch the plugin on for `spec` (and where it records what it rewrote), with both
+    names added to `ray_extra` (the VLLM_RAY_EXTRA_ENV_VARS_TO_COPY already set) so Ray workers get them too."""
     env = {PLUGIN_ENV: spec_json(spec)}
     if record_dir is not None:
         env[RECORD_ENV] = str(record_dir)
+    names = [n for n in ray_extra.split(",") if n.strip()]
+    env[RAY_COPY_ENV] = ",".join([*names, *(n for n in (PLUGIN_ENV, RECORD_ENV) if n not in names)])
     return env
 
 

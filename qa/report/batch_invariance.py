@@ -1,0 +1,63 @@
+"""The report's "Batch invariance" section: per task, the items whose outcome changes between concurrency 1 and
+N for the baseline and for the candidate (batch_invariance.json in the run folder, qa.compare.batch_invariance),
+their paired difference with its interval, the reference answer's log-prob shift, and the rule's decision under
+the verdict's policy (qa.gate.batch_invariance). No file: no section."""
+
+from __future__ import annotations
+
+from html import escape
+
+from qa.compare.batch_invariance import INVARIANCE_FILE, BatchInvariance, TaskInvariance
+from qa.gate.batch_invariance import InvarianceDecision, decide_invariance
+from qa.report.gather import ReportInputs
+from qa.textfmt import md_cell
+
+TITLE = "Batch invariance"
+HEADERS = ("task", "items", "baseline changed", "candidate changed", "delta (95% CI)",
+           "ref. log-prob shift, base / cand (nats/token)", "decision")
+CAPTION = ("Each arm served alone (concurrency 1) and under load (concurrency N, filler requests beside every "
+           "evaluated one, vLLM's own scheduler). An item is changed when its outcome (scores, extracted answer, "
+           "failure) differs between the two levels. delta = candidate's change rate - baseline's, paired on items "
+           "(Tango's interval); positive: the candidate's answers move under load where the baseline's do not.")
+
+
+def invariance_row(row: TaskInvariance, decided: InvarianceDecision) -> list[str]:
+    """One row (HEADERS), plain text."""
+    ref = "-"
+    if row.reference is not None:
+        ref = f"{row.reference.baseline:.4f} / {row.reference.candidate:.4f}"
+    return [row.task, str(row.n), f"{row.baseline_changed} ({row.baseline_rate:.1%})",
+            f"{row.candidate_changed} ({row.candidate_rate:.1%})",
+            f"{row.delta:+.3f} [{row.ci95.lower:+.3f}, {row.ci95.upper:+.3f}]", ref,
+            decided.status if decided.margin is None else f"{decided.status} (margin +{decided.margin:.3f})"]
+
+
+def invariance_rows(inp: ReportInputs) -> list[list[str]]:
+    """Every task's row; none when the run folder has no batch_invariance.json."""
+    path = inp.run_dir / INVARIANCE_FILE
+    if not path.is_file():
+        return []
+    inv = BatchInvariance.load(path)
+    return [invariance_row(r, d) for r, d in zip(inv.tasks, decide_invariance(inv, inp.verdict.policy))]
+
+
+def markdown_section(inp: ReportInputs) -> list[str]:
+    """report.md lines of the section (none without batch_invariance.json)."""
+    body = invariance_rows(inp)
+    if not body:
+        return []
+    lines = ["", f"## {TITLE}", "", md_cell(CAPTION), ""]
+    lines.append("| " + " | ".join(HEADERS) + " |")
+    lines.append("|" + "---|" * len(HEADERS))
+    return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in body]
+
+
+def html_section(inp: ReportInputs) -> str:
+    """report.html fragment of the section ('' without batch_invariance.json)."""
+    body = invariance_rows(inp)
+    if not body:
+        return ""
+    head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
+    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
+    return (f"<h2>{escape(TITLE)}</h2><p>{escape(CAPTION)}</p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
