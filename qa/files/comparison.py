@@ -226,13 +226,13 @@ class Comparison(Frozen):
     estimates: list[Estimate] = Field(default_factory=list)
     distribution: list[DistributionEstimate] = Field(default_factory=list)
     generation: list[GenerationEstimate] = Field(default_factory=list)  # generative tasks: truncation, length
-    # (issue 17, sequential looks: fields below this line)
+    # sequential looks
     sequential: list[SequentialTask] = Field(default_factory=list)  # sequential policies only
-    # (issue 17, reference-answer signal: fields below this line)
+    # the reference-answer signal
     reference: list[ReferenceEstimate] = Field(default_factory=list)  # tasks with reference answers
-    # (issue 15, cache path: fields below this line)
+    # the cache path (warm / cold serving)
     cache_path: list[CachePathEstimate] = Field(default_factory=list)  # sessions tasks: warm vs cold per arm
-    # (issue 25, per-slice tables: fields below this line)
+    # per-slice tables
     slices: list[SliceTable] = Field(default_factory=list)  # per turn depth / context length / kind (qa.files.slices)
     notes: list[str] = Field(default_factory=list)
 

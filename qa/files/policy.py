@@ -70,14 +70,14 @@ class TaskPolicy(BaseModel):
     improvement_is_warning: bool = True
     gate_truncation: bool = True  # the truncation rule decides (else it is only reported)
     truncation_margin: float = Field(default=0.02, gt=0, le=1)  # largest tolerated rise of the truncation rate
-    # (issue 17, sequential looks: fields below this line)
+    # sequential looks
     looks: tuple[float, ...] = ()  # information fractions of the sequential looks, e.g. (0.25, 0.5, 0.75, 1.0); () = fixed n
     spending: str = "obrien_fleming"  # qa.stats.sequential.SPENDING: obrien_fleming | pocock | confidence_sequence
-    # (issue 17, reference-answer signal: fields below this line)
+    # the reference-answer signal
     reference_gate: ReferenceGate = "when_no_information"  # when the reference-answer signal decides
     reference_logprob_margin: float = Field(default=0.25, gt=0)  # nats/token: largest tolerated mean drop
     reference_kl_margin: float = Field(default=0.25, gt=0)  # nats/token: largest tolerated mean KL
-    # (issue 15, cache path: fields below this line)
+    # the cache path (warm / cold serving)
     gate_cache_path: bool = True  # the cache-path rules of a sessions task decide (else they are only reported)
     # which decide (qa.gate.serving): "warm_path" the candidate's warm path against the baseline's cold
     # path, drift reported beside it; "drift" also the warm/cold drift (hit rate, excess flips, KL)

@@ -1,8 +1,9 @@
 """The gate: the one function that decides a comparison, used by `qa gate`, `qa report`, `qa run`, `qa compare
 --policy` and the API alike.
 
-`decide` applies every rule: the accuracy, truncation, reference-answer, cache-path and sequential rules of
-qa.gate.rules on comparison.json's numbers, then the KV-scale provenance rule (qa.gate.provenance) on what the
+`decide` applies every rule: the accuracy and truncation rules of qa.gate.rules, the reference-answer rules of
+qa.gate.reference, the cache-path rules of qa.gate.serving and the sequential looks of qa.gate.sequential, on
+comparison.json's numbers, then the KV-scale provenance rule (qa.gate.provenance) on what the
 candidate's engine said it ran with (records/<candidate>/arm.json). `decide_folder` reads both from a run
 directory, leaves the verdict inconclusive where an arm's proof of execution refused it, and applies the
 batch-invariance rules where the folder holds batch_invariance.json (qa.gate.batch_invariance).

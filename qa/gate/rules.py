@@ -222,7 +222,7 @@ def sequential_reason(seq: SequentialTask, tp: TaskPolicy) -> str:
 def decide_task(est: Estimate, tp: TaskPolicy, metric_key: str, generation: GenerationEstimate | None = None,
                 sequential: SequentialTask | None = None) -> TaskVerdict:
     """Decide one task under its resolved policy (see the module docstring for the order); a task run with
-    sequential looks (issue 17) is decided by its recorded looks, at the adjusted level of its last look."""
+    sequential looks is decided by its recorded looks, at the adjusted level of its last look."""
     seq = sequential if sequential is not None and f"{sequential.metric},{sequential.filter}" == metric_key else None
     if seq is not None and seq.looks:
         tp = tp.model_copy(update={"alpha": float(sps.norm.sf(seq.looks[-1].z_crit))})  # adjusted one-sided level
@@ -313,7 +313,7 @@ def apply_rules(comparison: Comparison, policy: Policy, comparison_sha256: str |
         seq = next((s for s in comparison.sequential if s.task == task), None)
         verdicts.append(decide_task(est, tp, f"{est.metric},{est.filter}", comparison.generation_for(task), seq))
     verdicts = [with_reference(v, comparison, policy.for_task(v.task)) for v in verdicts]  # reference answers
-    # issue 15, last: a warm path with no measured hit stays inconclusive whatever decided the cold path
+    # last: a warm path with no measured hit stays inconclusive whatever decided the cold path
     verdicts = [with_cache_path(v, comparison, policy.for_task(v.task), decide_task) for v in verdicts]
     for task in policy.require:
         if task not in tasks_in:

@@ -150,7 +150,7 @@ class KVQuantSpec(BaseModel):
     recent_window: int = Field(default=0, ge=0)  # last N positions kept in recent_format (0 = no window)
     recent_format: str = "fp8_e4m3"
     prefill_reads_quantized: bool = True  # False: a multi-token write attends to its fresh K/V
-    # fault hooks (issue 7): defaults are a correct cache
+    # fault hooks: defaults are a correct cache
     scale_multiplier: float | int = Field(default=1.0, gt=0)  # every decode scale times this (10.0: 10x too large)
     v_scale_layout: ScaleLayout = "linear"  # how V block-scale bytes of a token are read back (see quant.kv.faults)
     corrupt_block_fraction: float | int = Field(

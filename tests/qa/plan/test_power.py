@@ -61,6 +61,14 @@ def test_every_table_prior_is_the_gated_estimate_of_the_report_it_names() -> Non
         assert (est.n, est.repeats, f"{est.metric},{est.filter}") == (row["n"], row["repeats"], row["metric"])
         assert tomllib.loads((run / "spec.toml").read_text(encoding="utf-8"))["model"] == row["model"]
         assert (no_information(est) is not None) == ("no_information" in row), task  # only gsm8k: the floor
+        if "reference" in row:  # the reference-answer signal: per-item sds = SE * sqrt(n) of the run it names
+            ref_row = row["reference"]
+            ref = next(r for r in load_comparison(ROOT / ref_row["source"]).reference if r.task == task)
+            assert ref.n == ref_row["n"] and ref.delta_logprob is not None and ref.kld is not None
+            assert ref.delta_logprob.se * math.sqrt(ref.n) == pytest.approx(ref_row["sd_logprob"], rel=1e-4)
+            assert ref.kld.value == pytest.approx(ref_row["kl"], rel=1e-4)
+            assert ref.kld.se * math.sqrt(ref.n) == pytest.approx(ref_row["sd_kl"], rel=1e-4)
+            assert table[task].reference is not None and table[task].reference.n == ref_row["n"]
 
 
 def test_mde_and_items_needed_are_qa_stats_power_and_the_hand_values() -> None:
