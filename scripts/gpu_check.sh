@@ -9,7 +9,7 @@
 #      (tests/evals/engines/vllm/kv/test_capture.py), NVFP4 on CUDA against the CPU (tests/quant/formats);
 #   2. the rewrite benchmark (benchmarks/kv_rewrite_capture.py): the rewrite against a plain copy of K/V,
 #      eager and inside a CUDA graph.
-#   Everything goes to FOLDER (default $OUT when set, else a new folder under /tmp): env.txt, junit.xml,
+#   Everything goes to FOLDER (default $OUT when set, else a new temporary folder): env.txt, junit.xml,
 #   pytest.log, kv_rewrite_capture_cuda.json, benchmark.log. Exit 0 when both passed, 2 without a usable GPU.
 #
 # scripts/gpu_check.sh --vllm [--dry-run]   the vLLM check, in a GPU venv of its own:
@@ -79,7 +79,7 @@ print('gpu', torch.cuda.get_device_name(0), '| capability', *torch.cuda.get_devi
 }
 
 if [ "$vllm" = 0 ]; then
-  torch_check "${folder:-${OUT:-$(mktemp -d /tmp/gpu_check.XXXXXX)}}"
+  torch_check "${folder:-${OUT:-$(mktemp -d -t gpu_check.XXXXXX)}}"
   exit $?
 fi
 [ -z "$folder" ] || { echo "gpu_check.sh --vllm: takes no folder (OUT names it)" >&2; exit 2; }

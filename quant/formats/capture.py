@@ -112,19 +112,18 @@ def _checked_fp8(d: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return d.to(device)
 
 
-def check_shape(p: Prepared, x: torch.Tensor) -> None:
+def check_shape(p: Prepared, x: torch.Tensor, const: torch.Tensor) -> None:
     """QuantError unless x [..., D] is a floating-point tensor with a D the format's blocks divide, on the
-    constants' device, over whose x[..., :1] the constants broadcast (a check of shapes, not of values)."""
+    constants' device, over whose x[..., :1] its stream's constants `const` broadcast (shapes, not values)."""
     block = {"nvfp4": nvfp4.BLOCK_SIZE, "nvfp4_4over6": nvfp4.BLOCK_SIZE, "mxfp4": mxfp4.BLOCK_SIZE,
              "int": 2 if p.static == (4,) else 1}.get(p.family, 1)
     if not x.is_floating_point() or x.dim() == 0 or x.shape[-1] % block:
         raise QuantError(f"the {p.family} K/V rewrite needs a floating-point [..., D] tensor with D % {block} == 0, "
                          f"got {x.dtype} {tuple(x.shape)}")
     rows = (*x.shape[:-1], 1)
-    for const in (p.k_const, p.v_const):
-        if const.dim() > len(rows) or any(n not in (1, r) for n, r in zip(reversed(const.shape), reversed(rows))):
-            raise QuantError(f"a {p.family} scale of shape {tuple(const.shape)} does not broadcast over x[..., :1] "
-                             f"{rows}")
+    if const.dim() > len(rows) or any(n not in (1, r) for n, r in zip(reversed(const.shape), reversed(rows))):
+        raise QuantError(f"a {p.family} scale of shape {tuple(const.shape)} does not broadcast over x[..., :1] "
+                         f"{rows}")
     if x.device != p.device:
         raise QuantError(f"K/V on {x.device}, but the rewrite was prepared on {p.device} (Prepared.to)")
 
@@ -240,8 +239,8 @@ def pair(p: Prepared, key: torch.Tensor, value: torch.Tensor,
          bad: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """K [T, ...] and V [T, ...] (any shapes, dim 0 the tokens) rewritten in one call, compiled for their
     device where it can be (`quant.formats.compiled`), eagerly otherwise; non-finite elements added to `bad`."""
-    for x in (key, value):
-        check_shape(p, x)
+    check_shape(p, key, p.k_const)
+    check_shape(p, value, p.v_const)
     args = (p.family, p.static, key, p.k_const, value, p.v_const, bad)
     if p.family == "none" or torch.compiler.is_compiling() or not compiled.usable():
         return pair_impl(*args)  # K and V themselves; inside a caller's graph: traced into it
@@ -253,8 +252,8 @@ def pair(p: Prepared, key: torch.Tensor, value: torch.Tensor,
 def one(p: Prepared, x: torch.Tensor, kind: Literal["k", "v"],
         bad: torch.Tensor | None = None) -> torch.Tensor:
     """`pair`'s rewrite of one stream, K's constants or V's."""
-    check_shape(p, x)
     const = p.k_const if kind == "k" else p.v_const
+    check_shape(p, x, const)
     if p.family == "none" or torch.compiler.is_compiling() or not compiled.usable():
         return one_impl(p.family, p.static, x, const, bad)
     out = compiled.call(one_impl, "K/V rewrite", p.family, p.static, compiled.rows(x), const, bad)

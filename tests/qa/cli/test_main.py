@@ -36,4 +36,4 @@ def test_usage_errors_are_one_line_exit_2(args: list[str], needle: str, capsys: 
 
 def test_every_command_is_registered() -> None:
     assert set(command_names()) == {"calibrate", "kv-inspect", "compare", "plan", "data", "eval", "gate", "report",
-                                    "run"}
+                                    "run", "invariance"}
