@@ -5,12 +5,10 @@ the verdict's policy (qa.gate.batch_invariance). No file: no section."""
 
 from __future__ import annotations
 
-from html import escape
-
 from qa.compare.batch_invariance import INVARIANCE_FILE, BatchInvariance, TaskInvariance
 from qa.gate.batch_invariance import InvarianceDecision, decide_invariance
 from qa.report.gather import ReportInputs
-from qa.textfmt import md_cell
+from qa.report.table_section import html_table_section, markdown_table_section
 
 TITLE = "Batch invariance"
 HEADERS = ("task", "items", "baseline changed", "candidate changed", "delta (95% CI)",
@@ -43,21 +41,9 @@ def invariance_rows(inp: ReportInputs) -> list[list[str]]:
 
 def markdown_section(inp: ReportInputs) -> list[str]:
     """report.md lines of the section (none without batch_invariance.json)."""
-    body = invariance_rows(inp)
-    if not body:
-        return []
-    lines = ["", f"## {TITLE}", "", md_cell(CAPTION), ""]
-    lines.append("| " + " | ".join(HEADERS) + " |")
-    lines.append("|" + "---|" * len(HEADERS))
-    return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in body]
+    return markdown_table_section(TITLE, CAPTION, tuple(HEADERS), invariance_rows(inp))
 
 
 def html_section(inp: ReportInputs) -> str:
     """report.html fragment of the section ('' without batch_invariance.json)."""
-    body = invariance_rows(inp)
-    if not body:
-        return ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
-    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
-    return (f"<h2>{escape(TITLE)}</h2><p>{escape(CAPTION)}</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+    return html_table_section(TITLE, CAPTION, tuple(HEADERS), invariance_rows(inp))

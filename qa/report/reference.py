@@ -5,12 +5,10 @@ exists, and the gate's decision on them (qa.gate.reference); an engine without l
 
 from __future__ import annotations
 
-from html import escape
-
 from qa.files.comparison import ReferenceEstimate, ReferenceStat
 from qa.files.verdict import TaskVerdict
 from qa.report.gather import ReportInputs
-from qa.textfmt import md_cell
+from qa.report.table_section import html_table_section, markdown_table_section
 
 TITLE = "Reference-answer signal"
 HEADERS = ("task", "items", "delta log-prob (95% CI)", "KL (95% CI)", "KL p99", "A/A floor", "decision")
@@ -59,21 +57,9 @@ def reference_rows(inp: ReportInputs) -> list[list[str]]:
 
 def markdown_section(inp: ReportInputs) -> list[str]:
     """report.md lines of the section (none when no task has reference answers)."""
-    body = reference_rows(inp)
-    if not body:
-        return []
-    lines = ["", f"## {TITLE}", "", md_cell(CAPTION), ""]
-    lines.append("| " + " | ".join(HEADERS) + " |")
-    lines.append("|" + "---|" * len(HEADERS))
-    return lines + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in body]
+    return markdown_table_section(TITLE, CAPTION, tuple(HEADERS), reference_rows(inp))
 
 
 def html_section(inp: ReportInputs) -> str:
     """report.html fragment of the section ('' when no task has reference answers)."""
-    body = reference_rows(inp)
-    if not body:
-        return ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
-    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
-    return (f"<h2>{escape(TITLE)}</h2><p>{escape(CAPTION)}</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+    return html_table_section(TITLE, CAPTION, tuple(HEADERS), reference_rows(inp))
