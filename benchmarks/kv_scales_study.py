@@ -28,9 +28,9 @@ from evals.models.resolve import resolve_model
 from qa.pipeline.calibration import load_prompts
 from qa.report.plots import write_kv_plot
 from quant.kv.cache import make_cache
+from quant.kv.calibrate import CalibrationSpec, calibrate
 from quant.kv.inspect import inspect_kv, save_inspect
 from quant.kv.spec import KVQuantSpec
-from quant.scales.calibrate import CalibrationSpec, calibrate
 from quant.scales.files import KVScales
 
 CAL_LEN = 512

@@ -34,7 +34,7 @@ SPECS: dict[str, dict[str, Any]] = {
     "none": {"format": "none"},
     "nvfp4+fp8w128": {"format": "nvfp4", "recent_window": 128, "recent_format": "fp8_e4m3"},
 }
-REPLAY = (0,)  # SmolLM2 has no sliding-window layer: the engine refuses a replay there (issue 31)
+REPLAY = (0,)  # SmolLM2 has no sliding-window layer: the engine refuses a replay there
 
 
 def sessions(data_dir: Path, tokenizer: Any, n: int, turns: int, shots: int) -> list[list[tuple[str, str]]]:

@@ -1,4 +1,4 @@
-"""The qa_kv plugin's cost inside vLLM (issue 33, part 5), side by side in one run: the emulated vLLM arm's
+"""The qa_kv plugin's cost inside vLLM, side by side in one run: the emulated vLLM arm's
 time over the plain vLLM arm's on the same token ids, prefill at 2K / 8K / 16K tokens and decode.
 Target: every ratio at most 1.10 on this CPU.
 

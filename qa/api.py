@@ -1,7 +1,7 @@
 """The Python API behind every `qa` command: typed arguments in, typed results out. The front door: nothing
 inside the toolkit imports it; the CLI and users do.
 
-    from qa import run, compare, gate, report
+    from qa.api import run, compare, gate, report
     result = run(Path("examples/smollm2_nvfp4_kv.toml"), data_dir=Path("../shared/data"))
     verdict = gate(result.run_dir, Path("gate.toml"))   # re-gate under another policy
     report(result.run_dir)

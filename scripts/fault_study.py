@@ -1,4 +1,4 @@
-"""Fault injection and real engines (issue 7, items 4 and 5): run the specs through `qa run` and
+"""Fault injection and real engines: run the specs through `qa run` and
 commit their comparison, verdict and reports (not the records) under reports/.
 
     python -m scripts.fault_study faults  [--names v_scale_layout,aa] [--work DIR] [--seed-from RUN_DIR]

@@ -46,5 +46,5 @@ if [ "$skip_vllm" != 1 ]; then
     tests/quant/formats/test_vllm_kv_bytes.py tests/test_vllm_env.py \
     tests/evals/engines/vllm/kv/test_execution.py tests/evals/engines/vllm/kv/test_tensor_parallel.py \
     tests/evals/engines/vllm/kv/test_native.py tests/evals/engines/vllm/kv/test_vllm_native_formats.py \
-    tests/evals/engines/vllm/kv/test_skip_layers_vllm.py tests/evals/engines/vllm/test_load.py
+    tests/evals/engines/vllm/test_load.py
 fi

@@ -3,7 +3,8 @@ whose `build(model, args)` makes the engine. Importing this package loads no eng
 argument models and the engines (with their heavy optional dependencies) are imported on first use.
 
 Modules: base (requests, results, the Engine protocol), args (EngineArgs: the union of the models),
-lmeval_tokens (lm-eval's context/continuation split), stops (lm-eval's stop-string cut); packages: hf/
+lmeval_tokens (lm-eval's context/continuation split), stops (lm-eval's stop-string cut), kv_provenance
+(the KV cache and scales a built engine ran with); packages: hf/
 (transformers + the emulated KV cache), vllm/ (vLLM's offline LLM, its argument checks and the qa_kv
 plugin), openai_api/ (any OpenAI-compatible server).
 """

@@ -22,16 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-from evals.tasks.base import DEFAULT_THINK_TAGS, WithThinkTags
+from typing import Protocol, runtime_checkable
 
 # What lm-eval's filters leave when they find no answer: regex filters' fallback "[invalid]",
 # minerva math's "[invalidanswer]"; an empty string or None is no answer either.
 NO_ANSWER = frozenset({"", "[invalid]", "[invalidanswer]"})
 ThinkTags = tuple[str, str]
+DEFAULT_THINK_TAGS: ThinkTags = ("<think>", "</think>")
 
-__all__ = ["DEFAULT_THINK_TAGS", "NO_ANSWER", "ThinkSplit", "ThinkTags", "is_truncated", "opens_reasoning",
-           "split_reasoning", "split_tags", "think_tags"]
+
+@runtime_checkable
+class WithThinkTags(Protocol):
+    """A task that names its reasoning delimiters (None: no reasoning split)."""
+
+    think_tags: tuple[str, str] | None
 
 
 @dataclass(frozen=True)

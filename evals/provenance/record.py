@@ -1,6 +1,6 @@
 """The KV-scale provenance record of arm.json (`engine_info.kv`): which KV cache and which K/V scales
-an engine says it ran with. Plain data, read by the gate and the report; evals.provenance.engines says how
-each engine's provenance is found, evals.provenance.server_log reads it off a server's log.
+an engine says it ran with. Plain data, read by the gate and the report; evals.engines.kv_provenance says how
+each engine's provenance is found, evals.provenance.server_log reads it off a server's log messages.
 
 `scales_origin` says where the scales came from: calibrated (a scales file), checkpoint (the model
 folder's k/v_scale tensors), defaulted (1.0 because nothing provided them), dynamic (computed on

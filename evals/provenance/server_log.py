@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from evals.engines.vllm.kv.record import emulated_provenance, record_from_log
 from evals.provenance.record import KVProvenance, ScalesOrigin
 
 LOG_DIR = "logs"  # <run>/logs/<arm>-server.log: where `qa run` writes an arm's server log
@@ -53,12 +52,9 @@ def _vllm_origin(kv_dtype: str, quantization: str | None, defaulted: bool) -> Sc
     return "checkpoint"
 
 
-def server_provenance(text: str) -> KVProvenance | None:
-    """What a vLLM (or llama.cpp) server log says about its KV cache; None when it says nothing. A server
-    that ran the qa_kv plugin says what it emulated (evals.engines.vllm.kv.record)."""
-    emulated = record_from_log(text)
-    if emulated is not None:
-        return emulated_provenance(emulated, "vllm-server")
+def log_provenance(text: str) -> KVProvenance | None:
+    """What a vLLM (or llama.cpp) server's own log messages say about its KV cache; None when they say
+    nothing (a qa_kv plugin record in the log is read by evals.engines.kv_provenance.server_provenance)."""
     lines = text.splitlines()
     kept = [line.strip() for line in lines if any(m in line for m in KV_MESSAGES)][:MAX_LOG_LINES]
     config = next((line for line in lines if ENGINE_CONFIG in line and "kv_cache_dtype=" in line), None)

@@ -29,9 +29,9 @@ from pydantic import (
 from evals.engines import EngineName, args_model, build_engine, parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.base import Engine
+from evals.engines.kv_provenance import engine_provenance
 from evals.errors import EvalError, RecordError
 from evals.models.resolve import ResolvedModel, resolve_model
-from evals.provenance.engines import engine_provenance
 from evals.provenance.server_log import server_log_path
 from evals.records.arm_file import ARM_FILE, RESUME_HINT, ArmIdentity, ArmManifest, EngineSummary, TaskEntry
 from evals.records.env import redact_env

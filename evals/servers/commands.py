@@ -8,7 +8,7 @@ import os
 import sys
 
 from evals.engines.vllm.args import RESERVED_SERVER_ARGS, cli_flags
-from evals.engines.vllm.kv.spec import PLUGIN_ENV, RAY_COPY_ENV, check_vllm_kv, plugin_env
+from evals.engines.vllm.kv.spec import PLUGIN_ENV, RAY_COPY_ENV, plugin_env
 from evals.errors import EngineError
 from evals.offline import offline_env
 from evals.servers.interpreter import vllm_python
@@ -80,8 +80,9 @@ def llamacpp_command(spec: LlamaCppServerSpec, port: int) -> list[str]:
 
 
 def kv_plugin_env(spec: VllmServerSpec) -> dict[str, str]:
-    """The variables that switch the qa_kv plugin on in a vLLM server (empty when `kv` is None); EngineError
-    for a spec vLLM cannot run, or one that also sets QA_VLLM_KV in its `env` (two switches, one ignored)."""
+    """The variables that switch the qa_kv plugin on in a vLLM server for its `kv` spec (empty when None);
+    EngineError for a spec that also sets QA_VLLM_KV in its `env` (two switches, one ignored). What vLLM can
+    honour of the spec is checked where the run is resolved and by the plugin (evals.engines.vllm.kv.spec)."""
     if spec.kv is None:
         if PLUGIN_ENV in spec.env:
             raise EngineError(f"vllm server: env.{PLUGIN_ENV} would switch the qa_kv plugin on unchecked; "
@@ -90,15 +91,12 @@ def kv_plugin_env(spec: VllmServerSpec) -> dict[str, str]:
     if PLUGIN_ENV in spec.env:
         raise EngineError(f"vllm server: env.{PLUGIN_ENV} and a kv table both switch the qa_kv plugin on; "
                           f"keep the kv table and drop env.{PLUGIN_ENV}")
-    kv = spec.kv_spec
-    assert kv is not None  # a kv table parses to a spec or raises
-    check_vllm_kv(kv, str(spec.args.get("kv_cache_dtype", "auto")), where="vllm server")
-    return plugin_env(kv, ray_extra=spec.env.get(RAY_COPY_ENV, os.environ.get(RAY_COPY_ENV, "")))
+    return plugin_env(spec.kv, ray_extra=spec.env.get(RAY_COPY_ENV, os.environ.get(RAY_COPY_ENV, "")))
 
 
 def server_env(spec: VllmServerSpec | LlamaCppServerSpec) -> dict[str, str]:
     """The server's environment: evals.offline.offline_env (the offline defaults < this process's
-    environment < the spec's env, and a vLLM server's validated kv spec over all of them; llama.cpp's K
+    environment < the spec's env, and a vLLM server's kv spec over all of them; llama.cpp's K
     rotation switched off first when the spec says so; QA_VLLM_KV only from a vLLM server's kv table)."""
     if isinstance(spec, VllmServerSpec):
         env = offline_env(extra={**spec.env, **kv_plugin_env(spec)})

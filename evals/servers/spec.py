@@ -1,19 +1,19 @@
-"""What a local server is: the spec of a vLLM api_server and of a llama.cpp server, and the llama.cpp KV cache
-element types by name. Nothing here starts anything (evals.servers.start)."""
+"""What a local server is: the spec of a vLLM api_server and of a llama.cpp server (`ServerSpec`), their JSON form
+(`server_spec_to_json` / `server_spec_from_json`: what resolved.json keeps), and the llama.cpp KV cache element
+types by name. Nothing here starts anything (evals.servers.start)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import JsonValue
+from pydantic import JsonValue, TypeAdapter
 
 from evals.engines.vllm.args import VllmFlag
 from evals.errors import EngineError
-from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
+from quant.kv.spec import KVQuantSpec, kv_spec_from_json, kv_spec_to_json
 from quant.validation import did_you_mean
 
 ServerKind = Literal["vllm", "llamacpp"]
@@ -41,27 +41,16 @@ class VllmServerSpec:
     them (evals.engines.vllm.args.cli_flags) and nothing else is added: on vLLM-CPU set
     kv_cache_memory_bytes, else it reserves 92% of RAM for the KV cache. `env` is set for the server, and
     `kv` switches the qa_kv plugin on in it (evals.servers.commands.kv_plugin_env: its variables win over
-    `env`; an `env` that sets QA_VLLM_KV is refused, and without a `kv` table an inherited QA_VLLM_KV is
-    dropped)."""
+    `env`; an `env` that sets QA_VLLM_KV is refused, and without a `kv` spec an inherited QA_VLLM_KV is
+    dropped). What vLLM can honour of `kv` is checked where a run is resolved (evals.engines.vllm.kv.spec.
+    check_vllm_kv) and by the plugin inside the server."""
 
     model: Path
     served_model_name: str = "model"
     args: Mapping[str, VllmFlag] = field(default_factory=dict)
     python: str | None = None  # interpreter with vllm installed; None: evals.servers.interpreter.vllm_python()
     env: Mapping[str, str] = field(default_factory=dict)
-    # the K/V format emulated inside the server by the qa_kv plugin: a KVQuantSpec's JSON dump (None: off)
-    kv: Mapping[str, JsonValue] | None = None
-
-    @cached_property
-    def kv_spec(self) -> KVQuantSpec | None:
-        """The `kv` table parsed, once per spec (None: the plugin is off); EngineError for one that is not a
-        KV cache spec."""
-        if self.kv is None:
-            return None
-        try:
-            return kv_spec_from_dict(dict(self.kv))
-        except ValueError as exc:  # QuantError
-            raise EngineError(f"vllm server: {exc}") from None
+    kv: KVQuantSpec | None = None  # the K/V format emulated inside the server by the qa_kv plugin (None: off)
 
 
 @dataclass(frozen=True)
@@ -78,6 +67,34 @@ class LlamaCppServerSpec:
     threads: int = 1
     served_model_name: str = "model"
     env: Mapping[str, str] = field(default_factory=dict)  # set for the server
+
+
+ServerSpec = LlamaCppServerSpec | VllmServerSpec
+SERVER_SPECS: dict[ServerKind, type[ServerSpec]] = {"llamacpp": LlamaCppServerSpec, "vllm": VllmServerSpec}
+
+
+def server_spec_to_json(spec: ServerSpec) -> dict[str, JsonValue]:
+    """A server spec as JSON data (paths as strings, a vLLM server's `kv` as quant.kv.spec.kv_spec_to_json
+    writes it); `server_spec_from_json` reads it back."""
+    data: dict[str, JsonValue] = {}
+    for f in fields(spec):
+        value = getattr(spec, f.name)
+        if isinstance(value, KVQuantSpec):
+            value = kv_spec_to_json(value)
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, Mapping):
+            value = dict(value)
+        data[f.name] = value
+    return data
+
+
+def server_spec_from_json(kind: ServerKind, data: Mapping[str, JsonValue]) -> ServerSpec:
+    """The server spec of `kind` that `server_spec_to_json` wrote (a `kv` read by quant.kv.spec.kv_spec_from_json)."""
+    fields = dict(data)
+    kv = fields.pop("kv", None) if kind == "vllm" else None
+    spec = TypeAdapter(SERVER_SPECS[kind]).validate_python(fields)
+    return replace(spec, kv=kv_spec_from_json(kv)) if isinstance(spec, VllmServerSpec) and kv is not None else spec
 
 
 def check_cache_type(name: str) -> str:

@@ -1,7 +1,13 @@
 """Start a local server and hand back its running child: the command line and environment of its spec, a free
 port on 127.0.0.1, a bounded wait until it answers `/health`, and for a vLLM server with a `kv` table the check
 that the qa_kv plugin recorded the layers it rewrites in every process that loads the model (a server that did
-not is stopped and refused: it would serve wholly or partly unemulated)."""
+not is stopped and refused: it would serve wholly or partly unemulated).
+
+A vLLM server with a `kv` table also starts with VLLM_SERVER_DEV_MODE=1 (over the spec's env), so that its
+development endpoint POST /collective_rpc answers the plugin's per-layer counts; like every endpoint of a local
+server it listens on 127.0.0.1 only. Once it is up it is registered as counted
+(evals.engines.vllm.kv.server_counts.mark_counted) until it is stopped: the `openai` engine built on its
+base_url then checks those counts against the tokens the server computed (its `kv_execution`)."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from pathlib import Path
 from typing import Self
 
 from evals.engines.vllm.kv.record import checked_record, expected_loads, records_from_log
+from evals.engines.vllm.kv.server_counts import DEV_MODE_ENV, mark_counted, unmark_counted
 from evals.servers.commands import llamacpp_command, server_env, vllm_server_command
 from evals.servers.process import HOST, free_port, spawn, stop_pid, wait_ready
 from evals.servers.spec import LlamaCppServerSpec, ServerKind, VllmServerSpec
@@ -38,6 +45,7 @@ class LocalServer:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM the server's process group (it was started as its own session), then SIGKILL."""
+        unmark_counted(self.base_url)
         stop_pid(self.process, timeout_s)
 
     def __enter__(self) -> Self:
@@ -61,6 +69,15 @@ def check_plugin_ran(spec: VllmServerSpec, log: Path, start: int = 0) -> None:
     checked_record(records_from_log(text), expected_loads(spec.args), where=f"the vLLM server's log ({log})")
 
 
+def started_env(spec: VllmServerSpec | LlamaCppServerSpec) -> dict[str, str]:
+    """The environment the server starts with: evals.servers.commands.server_env, and for a vLLM server with a
+    `kv` table VLLM_SERVER_DEV_MODE=1 (its /collective_rpc answers the qa_kv plugin's counts)."""
+    env = server_env(spec)
+    if isinstance(spec, VllmServerSpec) and spec.kv is not None:
+        env[DEV_MODE_ENV] = "1"
+    return env
+
+
 def start_server(
     spec: VllmServerSpec | LlamaCppServerSpec,
     *,
@@ -70,7 +87,7 @@ def start_server(
 ) -> LocalServer:
     """Start a server child on 127.0.0.1 and wait (bounded) until it answers /health; a vLLM server with a
     `kv` table must by then have logged the plugin's record (`check_plugin_ran`), else it is stopped and
-    EngineError raised."""
+    EngineError raised, and is then registered as counted until it is stopped (module docstring)."""
     port = port or free_port()
     if isinstance(spec, VllmServerSpec):
         kind: ServerKind = "vllm"
@@ -81,7 +98,7 @@ def start_server(
         cmd = llamacpp_command(spec, port)
         timeout = ready_timeout_s or 60.0
     start = log_path.stat().st_size if log_path.is_file() else 0  # what this start writes follows
-    process = spawn(cmd, server_env(spec), log_path)
+    process = spawn(cmd, started_env(spec), log_path)
     server = LocalServer(
         kind=kind, port=port, process=process, log_path=log_path, served_model_name=spec.served_model_name
     )
@@ -89,6 +106,8 @@ def start_server(
         wait_ready(process, port, log_path, timeout)
         if isinstance(spec, VllmServerSpec):
             check_plugin_ran(spec, log_path, start)
+            if spec.kv is not None:
+                mark_counted(server.base_url)
     except BaseException:
         server.stop()
         raise

@@ -20,6 +20,7 @@ from evals.engines.base import (
     TokenLogprobs,
     TokenLogprobsRequest,
 )
+from evals.prompts.reasoning import DEFAULT_THINK_TAGS
 
 TaskKind = Literal["generate", "loglikelihood", "token_logprobs"]
 Request = GenerateRequest | LoglikelihoodRequest | TokenLogprobsRequest
@@ -49,9 +50,6 @@ class Scored:
     extracted: dict[str, str | None] = field(default_factory=dict)  # filter -> extracted answer
     target: str | None = None
     meta: dict[str, str | int | float | bool | None] = field(default_factory=dict)  # -> SampleRecord.meta
-
-
-DEFAULT_THINK_TAGS = ("<think>", "</think>")
 
 
 @dataclass(frozen=True)
@@ -133,13 +131,6 @@ class WithReferenceContext(Protocol):
     def reference_context(self, item: Item, request: Request) -> str:
         """The prompt the item's reference follows."""
         ...
-
-
-@runtime_checkable
-class WithThinkTags(Protocol):
-    """A task that names its reasoning delimiters (None: no reasoning split)."""
-
-    think_tags: tuple[str, str] | None
 
 
 @runtime_checkable

@@ -131,6 +131,28 @@ def generate_request(prompt: str, settings: GenSettings, seed: int, prefix: str 
     )
 
 
+def text_generate_request(chat: ChatRenderer | None, settings: GenSettings, seed: int, text: str,
+                          shots: Sequence[tuple[str, str]] = (), fewshot: str = "",
+                          shared: bool = True) -> GenerateRequest:
+    """Generate after `text`: under chat, `shots` as turns and `text` as the user's turn; plain, `fewshot`
+    (the rendered shots) + `text`. With `shared` (every item has the same shots), what precedes the item's
+    own text is the cacheable prefix: the chat prompt's head, or the plain few-shot block when there is one."""
+    if chat is not None:
+        rendered = chat.prompt("", shots, text)
+        return generate_request(rendered.text, settings, seed, rendered.prefix if shared else None, rendered,
+                                chat.kwargs_items)
+    return generate_request(fewshot + text, settings, seed, fewshot if shared and fewshot else None)
+
+
+def rendered_context(chat: ChatRenderer | None, text: str) -> tuple[str, str | None]:
+    """A zero-shot log-likelihood context and its cacheable prefix: `text` as the user's turn of a chat
+    prompt (its head the prefix), or `text` itself with no prefix."""
+    if chat is None:
+        return text, None
+    rendered = chat.prompt("", (), text)
+    return rendered.text, rendered.prefix
+
+
 def generate_prompt(request: Request) -> str:
     """A generation request's full prompt (lm-eval's prompt hash input)."""
     assert isinstance(request, GenerateRequest)
@@ -209,3 +231,12 @@ def chat_renderer(task: str, options: TaskOptions, template: ChatTemplate | None
                       target_delimiter=target_delimiter, fewshot_delimiter=fewshot_delimiter)
     return ChatRenderer(template, style, options.chat_template_kwargs)
 
+
+
+def zero_shot_chat(task: str, options: TaskOptions, template: ChatTemplate | None, *,
+                   generates: bool) -> ChatRenderer | None:
+    """A zero-shot task's option checks (no few-shot pool; every option it does not read refused) and its
+    chat renderer (None without chat = true)."""
+    resolve_fewshot(task, options, 0, None)
+    check_options(task, options, generates=generates, chats=True)
+    return chat_renderer(task, options, template)

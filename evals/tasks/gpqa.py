@@ -32,15 +32,13 @@ from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOption
 from evals.tasks.common import (
     RANDOM_SEED,
     GenSettings,
-    chat_renderer,
-    check_options,
     gen_settings,
     generate_prompt,
-    generate_request,
     reference_continuation,
-    resolve_fewshot,
     row_items,
     task_version,
+    text_generate_request,
+    zero_shot_chat,
 )
 from evals.tasks.exact_match import Normalisation, exact_match_scored
 from evals.tasks.multiple_choice import MCBuilder, MultipleChoiceTask, zero_shot_builder
@@ -135,10 +133,7 @@ class GpqaCotTask:
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the question and its choices (plain or chat); only a chat prompt's head (system
         turn, user header) is shared by every item."""
-        if self.chat is not None:
-            chat = self.chat.prompt("", (), cot_text(item.doc))
-            return generate_request(chat.text, self.settings, seed, chat.prefix, chat, self.chat.kwargs_items)
-        return generate_request(cot_text(item.doc), self.settings, seed)
+        return text_generate_request(self.chat, self.settings, seed, cot_text(item.doc))
 
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""
@@ -169,10 +164,9 @@ def _zeroshot(subset: str) -> MCBuilder:
 
 def _cot(subset: str) -> Callable[[str, TaskOptions, ChatTemplate | None], GpqaCotTask]:
     def make(name: str, options: TaskOptions, template: ChatTemplate | None) -> GpqaCotTask:
-        resolve_fewshot(name, options, 0, None)
-        check_options(name, options, generates=True, chats=True)
+        chat = zero_shot_chat(name, options, template, generates=True)
         return GpqaCotTask(name=name, dataset=f"gpqa_{subset}", settings=gen_settings(options, COT_UNTIL),
-                           chat=chat_renderer(name, options, template), think_tags=options.think_tags)
+                           chat=chat, think_tags=options.think_tags)
 
     return make
 

@@ -30,13 +30,11 @@ from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     GenSettings,
-    chat_renderer,
-    check_options,
     gen_settings,
     generate_prompt,
-    generate_request,
-    resolve_fewshot,
     row_items,
+    text_generate_request,
+    zero_shot_chat,
 )
 
 VERSION = "1+simple-evals"  # this toolkit's revision + the reference it follows (not an lm-eval task)
@@ -102,11 +100,7 @@ class GpqaModelCardTask:
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """The question with this repeat's choice order, as one user message (chat) or plain text."""
-        text = query(item.doc, permutation(item.item_id, repeat))
-        if self.chat is not None:
-            chat = self.chat.prompt("", (), text)
-            return generate_request(chat.text, self.settings, seed, chat.prefix, chat, self.chat.kwargs_items)
-        return generate_request(text, self.settings, seed)
+        return text_generate_request(self.chat, self.settings, seed, query(item.doc, permutation(item.item_id, repeat)))
 
     def prompt_text(self, request: Request) -> str:
         """The full prompt, rendered."""
@@ -131,8 +125,7 @@ class GpqaModelCardTask:
 def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> GpqaModelCardTask:
     """The named GPQA model-card task (gpqa_<subset>_cot_modelcard)."""
     subset = name.removeprefix("gpqa_").removesuffix("_cot_modelcard")
-    resolve_fewshot(name, options, 0, None)
-    check_options(name, options, generates=True, chats=True)
+    chat = zero_shot_chat(name, options, template, generates=True)
     settings = gen_settings(options, UNTIL, DEFAULT_MAX_TOKENS, temperature=DEFAULT_TEMPERATURE)
-    return GpqaModelCardTask(name=name, dataset=f"gpqa_{subset}", settings=settings,
-                             chat=chat_renderer(name, options, template), think_tags=options.think_tags)
+    return GpqaModelCardTask(name=name, dataset=f"gpqa_{subset}", settings=settings, chat=chat,
+                             think_tags=options.think_tags)

@@ -41,11 +41,11 @@ from evals.tasks.common import (
     check_options,
     gen_settings,
     generate_prompt,
-    generate_request,
     reference_continuation,
     resolve_fewshot,
     sequential_fewshot_indices,
     task_version,
+    text_generate_request,
 )
 from evals.tasks.exact_match import Normalisation, exact_match_scored
 
@@ -221,14 +221,8 @@ class Gsm8kTask:
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the shots + question (plain or chat) until the task's stop strings; shots shared
         by every item (fixed ones) are the cacheable prefix."""
-        question = self.variant.doc_to_text(item.doc)
-        shared = self.variant.fixed_shots is not None
-        if self.chat is not None:
-            chat = self.chat.prompt("", item.shots, question)
-            return generate_request(chat.text, self.settings, seed, chat.prefix if shared else None, chat,
-                                    self.chat.kwargs_items)
-        prefix = item.fewshot if shared and item.fewshot else None
-        return generate_request(item.fewshot + question, self.settings, seed, prefix)
+        return text_generate_request(self.chat, self.settings, seed, self.variant.doc_to_text(item.doc), item.shots,
+                                     item.fewshot, shared=self.variant.fixed_shots is not None)
 
     def prompt_text(self, request: Request) -> str:
         """The full prompt, rendered (lm-eval's prompt hash input)."""

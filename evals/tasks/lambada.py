@@ -22,12 +22,11 @@ from evals.engines.base import LoglikelihoodRequest, LoglikelihoodResult
 from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
-    chat_renderer,
-    check_options,
     loglikelihood_context,
-    resolve_fewshot,
+    rendered_context,
     row_items,
     task_version,
+    zero_shot_chat,
 )
 
 
@@ -57,11 +56,8 @@ class LambadaTask:
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """One continuation: the last word with its leading space (lm-eval keeps it under chat too: a
         `loglikelihood` task's continuation is its target as is)."""
-        context = doc_to_text(item.doc)
-        if self.chat is not None:
-            chat = self.chat.prompt("", (), context)
-            return LoglikelihoodRequest(context=chat.text, continuations=(doc_to_target(item.doc),), prefix=chat.prefix)
-        return LoglikelihoodRequest(context=context, continuations=(doc_to_target(item.doc),))
+        context, prefix = rendered_context(self.chat, doc_to_text(item.doc))
+        return LoglikelihoodRequest(context=context, continuations=(doc_to_target(item.doc),), prefix=prefix)
 
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the context string."""
@@ -84,6 +80,4 @@ class LambadaTask:
 
 def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> LambadaTask:
     """LAMBADA (zero-shot only: the local data has no few-shot split)."""
-    resolve_fewshot(name, options, 0, None)
-    check_options(name, options, generates=False, chats=True)
-    return LambadaTask(chat=chat_renderer(name, options, template))
+    return LambadaTask(chat=zero_shot_chat(name, options, template, generates=False))

@@ -38,11 +38,11 @@ from evals.tasks.common import (
     fewshot_block,
     gen_settings,
     generate_prompt,
-    generate_request,
     reference_continuation,
     resolve_fewshot,
     row_items,
     task_version,
+    text_generate_request,
 )
 
 UNTIL = ("Problem:",)
@@ -113,12 +113,9 @@ class Math500Task:
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """Generate after the shared Minerva block + the problem, until "Problem:"."""
-        if self.chat is not None:
-            shots = [(doc_to_text({"problem": p}), s) for p, s in MINERVA_SHOTS[: self.num_fewshot]]
-            chat = self.chat.prompt("", shots, doc_to_text(item.doc))
-            return generate_request(chat.text, self.settings, seed, chat.prefix, chat, self.chat.kwargs_items)
-        prefix = fewshot_prefix(self.num_fewshot)
-        return generate_request(prefix + doc_to_text(item.doc), self.settings, seed, prefix or None)
+        shots = [(doc_to_text({"problem": p}), s) for p, s in MINERVA_SHOTS[: self.num_fewshot]]
+        return text_generate_request(self.chat, self.settings, seed, doc_to_text(item.doc), shots,
+                                     fewshot_prefix(self.num_fewshot))
 
     def prompt_text(self, request: Request) -> str:
         """The full context string (lm-eval's prompt hash input)."""

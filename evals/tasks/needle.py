@@ -34,6 +34,7 @@ from evals.tasks.common import (
     int_option,
     probe_extra,
 )
+from evals.tasks.keys import adjective_noun_key
 
 # Measured: the filler below averages 4.6 characters per SmolLM2 (GPT-2-style BPE) token; 4.5 errs
 # toward shorter haystacks so a "7500-token" prompt stays inside an 8192-token window.
@@ -75,18 +76,8 @@ FILLER = (
     "The post office closes early on Saturdays.",
     "An old stone wall marks the border of the farm.",
 )
-ADJECTIVES = ("quiet", "amber", "brisk", "hollow", "silver", "gentle", "rapid", "distant", "velvet", "crimson",
-              "frozen", "golden", "humble", "little", "mellow", "noble", "polished", "rustic", "sturdy", "tidy")
-NOUNS = ("lantern", "harbor", "meadow", "violin", "compass", "orchard", "falcon", "pebble", "canyon", "ledger",
-         "thimble", "glacier", "kettle", "monsoon", "parcel", "quarry", "saddle", "trellis", "walnut", "zephyr")
-
-
 def _key(rng: random.Random, taken: set[str]) -> str:
-    while True:
-        key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
-        if key not in taken:
-            taken.add(key)
-            return key
+    return adjective_noun_key(rng, taken, exhausted="needle: ran out of distinct keys; ask for fewer needles")
 
 
 def _value(rng: random.Random) -> str:

@@ -51,7 +51,7 @@ from evals.tasks.common import (
     int_option,
     probe_extra,
 )
-from evals.tasks.needle import ADJECTIVES, NOUNS
+from evals.tasks.keys import adjective_noun_key
 
 SUBTASKS = ("niah_single", "niah_multikey", "niah_multivalue", "vt")
 DEFAULT_LENGTHS = (2048, 4096, 8192)  # add 16384 for a model with a longer window (Gemma-3-270M: 32768)
@@ -97,15 +97,6 @@ def string_match_all(pred: str, refs: Sequence[str]) -> float:
 
 def _number(rng: random.Random) -> str:
     return str(rng.randint(10**6, 10**7 - 1))  # generate_random_number(7)
-
-
-def _word(rng: random.Random, taken: set[str]) -> str:
-    for _ in range(10_000):
-        w = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}"
-        if w not in taken:
-            taken.add(w)
-            return w
-    raise EvalError("ruler: ran out of distinct keys")
 
 
 def prose_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -168,7 +159,7 @@ class RulerTask:
         n_keys, n_values = NIAH_COUNTS[subtask]
         type_v = "numbers"
         taken: set[str] = set()
-        keys = [_word(rng, taken) for _ in range(n_keys)]
+        keys = [adjective_noun_key(rng, taken, exhausted="ruler: ran out of distinct keys") for _ in range(n_keys)]
         values = [[_number(rng) for _ in range(n_values)] for _ in keys]
         needles = [NEEDLE.format(type_v=type_v, key=k, value=v) for k, vs in zip(keys, values, strict=True) for v in vs]
         rng.shuffle(needles)

@@ -47,7 +47,7 @@ from evals.tasks.common import (
     int_option,
     probe_extra,
 )
-from evals.tasks.needle import ADJECTIVES, NOUNS
+from evals.tasks.keys import adjective_noun_key
 from evals.tasks.session_turns import SessionTurns, Turn, turn_prompts
 
 Ask = Literal["gsm8k", "lookup", "mixed"]
@@ -80,15 +80,7 @@ LOOKUP_QUESTION = "Question: What is the value of {key} in the reference facts?\
 STRICT_RE = re.compile(r"#### (\-?[0-9\.\,]+)")  # lm-eval gsm8k's strict-match regex
 NUMBER_RE = re.compile(r"\d+")
 INVALID = "[invalid]"  # lm-eval's RegexFilter fallback when nothing matches
-
-
-def fact_key(rng: random.Random, taken: set[str]) -> str:
-    for _ in range(10_000):
-        key = f"{rng.choice(ADJECTIVES)}-{rng.choice(NOUNS)}-{rng.randrange(10, 100)}"
-        if key not in taken:
-            taken.add(key)
-            return key
-    raise EvalError("sessions: ran out of distinct fact keys; lower context_tokens")
+NO_MORE_FACTS = "sessions: ran out of distinct fact keys; lower context_tokens"
 
 
 def make_facts(rng: random.Random, n_chars: int, at_least: int) -> list[tuple[str, str]]:
@@ -97,7 +89,8 @@ def make_facts(rng: random.Random, n_chars: int, at_least: int) -> list[tuple[st
     taken: set[str] = set()
     size = 0
     while size < n_chars or len(facts) < at_least:
-        key, value = fact_key(rng, taken), str(rng.randrange(1_000_000, 10_000_000))
+        key = adjective_noun_key(rng, taken, numbered=True, exhausted=NO_MORE_FACTS)
+        value = str(rng.randrange(1_000_000, 10_000_000))
         facts.append((key, value))
         size += len(key) + len(value) + 3
     return facts

@@ -29,14 +29,13 @@ from evals.prompts.chat import ChatRenderer, ChatTemplate
 from evals.tasks.base import Item, Request, Result, Scored, TaskKind, TaskOptions
 from evals.tasks.common import (
     TARGET_DELIMITER,
-    chat_renderer,
-    check_options,
     loglikelihood_context,
     mc_scores,
     reference_continuation,
-    resolve_fewshot,
+    rendered_context,
     row_items,
     task_version,
+    zero_shot_chat,
 )
 
 
@@ -78,17 +77,13 @@ class WinograndeTask:
 
     def request(self, item: Item, *, repeat: int, seed: int) -> Request:
         """One request holding both (context, continuation) pairs (see the module docstring)."""
-        pairs = partial_pairs(item.doc)
         if self.chat is not None:  # lm-eval multiple_input_context: each context rendered, a bare continuation
-            chats = [self.chat.prompt("", (), ctx) for ctx in doc_to_choice(item.doc)]
-            target = doc_to_target(item.doc)
-            return LoglikelihoodRequest(context=chats[0].text, continuations=(target,) * len(chats),
-                                        contexts=tuple(c.text for c in chats), prefix=chats[0].prefix)
-        return LoglikelihoodRequest(
-            context=pairs[0][0],
-            continuations=tuple(c for _, c in pairs),
-            contexts=tuple(ctx for ctx, _ in pairs),
-        )
+            rendered = [rendered_context(self.chat, ctx) for ctx in doc_to_choice(item.doc)]
+            return LoglikelihoodRequest(context=rendered[0][0], continuations=(doc_to_target(item.doc),) * len(rendered),
+                                        contexts=tuple(c for c, _ in rendered), prefix=rendered[0][1])
+        pairs = partial_pairs(item.doc)
+        return LoglikelihoodRequest(context=pairs[0][0], continuations=tuple(c for _, c in pairs),
+                                    contexts=tuple(ctx for ctx, _ in pairs))
 
     def prompt_text(self, request: Request) -> str:
         """lm-eval's prompt hash input: the first option's context."""
@@ -113,6 +108,4 @@ class WinograndeTask:
 
 def build(name: str, options: TaskOptions, template: ChatTemplate | None = None) -> WinograndeTask:
     """WinoGrande (zero-shot only: the local data has no training split for shots)."""
-    resolve_fewshot(name, options, 0, None)
-    check_options(name, options, generates=False, chats=True)
-    return WinograndeTask(chat=chat_renderer(name, options, template))
+    return WinograndeTask(chat=zero_shot_chat(name, options, template, generates=False))

@@ -28,7 +28,7 @@ from quant.validation import first_error
 if TYPE_CHECKING:
     import torch
 
-    from quant.scales.calibrate import CalibrationSpec
+    from quant.kv.calibrate import CalibrationSpec
 @app.command("calibrate")
 def calibrate_command(
     out: Annotated[
@@ -115,7 +115,7 @@ def _num(t: torch.Tensor) -> str:
 
 
 def _calibration_spec(**fields: Any) -> CalibrationSpec:
-    from quant.scales.calibrate import CalibrationSpec  # torch: the observers are torch code
+    from quant.kv.calibrate import CalibrationSpec  # torch: the observers are torch code
 
     try:
         return CalibrationSpec(**fields)

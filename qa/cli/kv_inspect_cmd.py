@@ -3,7 +3,7 @@
 
 A model folder that carries K/V scales (`--model DIR`, ours, llm-compressor's, ModelOpt's; or `--scales DIR`)
 is read by quant.scales.folder.resolve_folder_scales against amax observed here on the same prompts
-(`quant.scales.check`), taken as it is (an inspection reports, it does not refuse): the fields found, the
+(`quant.kv.scale_check`), taken as it is (an inspection reports, it does not refuse): the fields found, the
 convention declared and the one the numbers fit, and the cache is inspected with the scales converted for
 `--format`, as `qa run` would run them; each warning is one line on stderr."""
 
@@ -89,7 +89,7 @@ def kv_inspect_command(
     data_name, prompts = load_prompts(tokenizer, data, data_dir, n_prompts, seq_len, seed)
     check = None
     if folder is not None:
-        from quant.scales.check import check_folder_scales  # torch: the check observes the model
+        from quant.kv.scale_check import check_folder_scales  # torch: the check observes the model
 
         on = f"{model} on {data_name}: {prompts.shape[0]} x {prompts.shape[1]} tokens"
         rs, check = check_folder_scales(hf_model, prompts, folder, spec.format, on=on)

@@ -13,12 +13,12 @@ from evals.errors import RecordError
 from evals.records.inspect_import import import_inspect, is_inspect_log
 from evals.records.lmeval_import import import_lmeval, is_lmeval_folder
 from evals.records.samples import SampleRecord, iter_arm_records
+from qa.compare.cache_path import cache_path_estimates, standard_records
 from qa.compare.distribution import distribution_estimates, has_token_logprobs
 from qa.compare.estimate import adjust_multiplicity, estimate, excess_flips
 from qa.compare.generation import generation_estimate
 from qa.compare.pairing import pair_records, paired_metric, score_keys
 from qa.compare.reference import reference_estimate
-from qa.compare.serving import cache_path_estimates, standard_records
 from qa.compare.slices import slice_tables
 from qa.files.comparison import Comparison, Estimate, StatsSettings
 

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from evals.records.samples import SampleRecord
+from qa.compare.cache_path import cache_path_of, first_divergence, hit_rate
 from qa.compare.distribution import token_stats
 from qa.compare.pairing import pair_records, score_keys
-from qa.compare.serving import cache_path_of, first_divergence, hit_rate
 from qa.errors import PairingError
 from qa.files.estimates import Interval
 from qa.files.slices import SliceDimension, SliceRow, SliceTable

@@ -78,7 +78,7 @@ __all__ = [  # this module's sections and I/O, and the shared models of qa.files
 
 
 class CacheTurn(Frozen):
-    """One turn depth (1 = a session's first turn) of one arm's warm-vs-cold pairs (qa.compare.serving)."""
+    """One turn depth (1 = a session's first turn) of one arm's warm-vs-cold pairs (qa.compare.cache_path)."""
 
     turn: int
     n: int  # (session, repeat) pairs served cold and warm at this depth

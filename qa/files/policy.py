@@ -29,7 +29,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from qa.errors import PolicyError
-from qa.stats.sequential import SPENDING
 from quant.validation import did_you_mean, first_error
 
 POLICY_VERSION = 1
@@ -40,6 +39,7 @@ SEBasis = Literal["baseline", "unpaired", "paired"]
 Underpowered = Literal["inconclusive", "fail"]
 ReferenceGate = Literal["when_no_information", "always", "instead_of_accuracy", "never"]  # qa.gate.reference
 RULES: tuple[str, ...] = ("noninferiority", "tost", "sigma")
+SPENDING: tuple[str, ...] = ("obrien_fleming", "pocock", "confidence_sequence")  # qa.stats.sequential computes them
 
 # When a task has several (metric, filter) estimates and the policy names none, the first of
 # these that the task has is gated: lm-eval's headline metric for MC and generative tasks.
@@ -72,14 +72,14 @@ class TaskPolicy(BaseModel):
     truncation_margin: float = Field(default=0.02, gt=0, le=1)  # largest tolerated rise of the truncation rate
     # sequential looks
     looks: tuple[float, ...] = ()  # information fractions of the sequential looks, e.g. (0.25, 0.5, 0.75, 1.0); () = fixed n
-    spending: str = "obrien_fleming"  # qa.stats.sequential.SPENDING: obrien_fleming | pocock | confidence_sequence
+    spending: str = "obrien_fleming"  # one of SPENDING: obrien_fleming | pocock | confidence_sequence
     # the reference-answer signal
     reference_gate: ReferenceGate = "when_no_information"  # when the reference-answer signal decides
     reference_logprob_margin: float = Field(default=0.25, gt=0)  # nats/token: largest tolerated mean drop
     reference_kl_margin: float = Field(default=0.25, gt=0)  # nats/token: largest tolerated mean KL
     # the cache path (warm / cold serving)
     gate_cache_path: bool = True  # the cache-path rules of a sessions task decide (else they are only reported)
-    # which decide (qa.gate.serving): "warm_path" the candidate's warm path against the baseline's cold
+    # which decide (qa.gate.cache_path): "warm_path" the candidate's warm path against the baseline's cold
     # path, drift reported beside it; "drift" also the warm/cold drift (hit rate, excess flips, KL)
     cache_gate: Literal["warm_path", "drift"] = "warm_path"
     cache_kl_margin: float = Field(default=0.01, gt=0)  # nats/token: tolerated excess of KL(cold || warm) over the baseline's

@@ -28,7 +28,6 @@ from evals.engines import ENGINE_NAMES, parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.vllm.args import RESERVED_SERVER_ARGS, VllmFlag
-from evals.engines.vllm.kv.spec import refusal as vllm_kv_refusal
 from evals.errors import EvalError
 from qa.errors import SpecError
 from quant.kv.spec import KVQuantSpec
@@ -99,7 +98,7 @@ class CalibrationStep(_Frozen):
     format: str = "nvfp4"
 
 
-class ServerSpec(_Frozen):
+class ServerTable(_Frozen):
     """A local server `qa run` starts for an `openai` arm (127.0.0.1, a free port) before the arm's
     tasks and stops by pid when the arm ends: llama.cpp's server (xllamacpp) or vLLM's api_server."""
 
@@ -116,11 +115,13 @@ class ServerSpec(_Frozen):
     # vLLM: api_server arguments by EngineArgs/CLI name, passed exactly (True --x, False --no-x, lists
     # nargs, tables JSON) and nothing added: on vLLM-CPU set kv_cache_memory_bytes (else 92% of RAM)
     args: dict[str, VllmFlag] = Field(default_factory=dict)
-    kv: KVQuantSpec | None = None  # vLLM: the K/V format emulated inside the server (the qa_kv plugin)
+    # vLLM: the K/V format emulated inside the server (the qa_kv plugin); what vLLM can honour of it is checked
+    # where the run is resolved (qa.pipeline.resolve)
+    kv: KVQuantSpec | None = None
     ready_timeout_s: float | None = Field(default=None, gt=0)  # default 60 s llama.cpp, 300 s vLLM
 
     @model_validator(mode="after")
-    def _fields_of_its_kind(self) -> ServerSpec:
+    def _fields_of_its_kind(self) -> ServerTable:
         # a resolved spec writes every default out, so "set" means "differs from the default"
         changed = {name for name, f in type(self).model_fields.items() if getattr(self, name) != f.get_default(
             call_default_factory=True)}
@@ -134,8 +135,6 @@ class ServerSpec(_Frozen):
         if reserved:
             raise ValueError(f"args.{reserved[0]}: set by `qa run` (the arm's model, 127.0.0.1, a free port); "
                              "remove it")
-        if self.kv is not None and (why := vllm_kv_refusal(self.kv, str(self.args.get("kv_cache_dtype", "auto")))):
-            raise ValueError(f"kv cache spec: {why}")
         return self
 
 
@@ -148,7 +147,7 @@ class ArmSpec(_Frozen):
     engine: Literal["hf", "vllm", "openai", "lmeval"] = "hf"
     model: str | None = None  # default: the spec's model
     engine_args: EngineArgs | None = None  # None only for an lmeval arm
-    server: ServerSpec | None = None  # openai arms: a local server `qa run` starts and stops
+    server: ServerTable | None = None  # openai arms: a local server `qa run` starts and stops
     lmeval_dir: str | None = None
     description: str = ""
     env: dict[str, str] = Field(default_factory=dict)  # environment of the arm's process (and its server)

@@ -18,7 +18,7 @@ RUN_VERDICT_KIND = "candidates"
 Status = Literal["pass", "fail", "inconclusive"]
 Kind = Literal["decided", "errors", "no_information", "underpowered", "undefined", "missing"]
 RuleName = Literal["noninferiority", "tost", "sigma", "truncation",
-                   "cache_hit_rate", "cache_flips", "cache_kl", "cache_accuracy",  # cache_*: qa.gate.serving
+                   "cache_hit_rate", "cache_flips", "cache_kl", "cache_accuracy",  # cache_*: qa.gate.cache_path
                    "cache_reference_logprob", "cache_reference_kl",
                    "reference_logprob", "reference_kl"]  # reference_*: qa.gate.reference
 EXIT_CODES: dict[str, int] = {"pass": 0, "fail": 1, "inconclusive": 3}

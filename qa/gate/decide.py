@@ -2,7 +2,7 @@
 --policy` and the API alike.
 
 `decide` applies every rule: the accuracy and truncation rules of qa.gate.rules, the reference-answer rules of
-qa.gate.reference, the cache-path rules of qa.gate.serving and the sequential looks of qa.gate.sequential, on
+qa.gate.reference, the cache-path rules of qa.gate.cache_path and the sequential looks of qa.gate.sequential, on
 comparison.json's numbers, then the KV-scale provenance rule (qa.gate.provenance) on what the
 candidate's engine said it ran with (records/<candidate>/arm.json). `decide_folder` reads both from a run
 directory, leaves the verdict inconclusive where an arm's proof of execution refused it, and applies the
@@ -11,7 +11,7 @@ batch-invariance rules where the folder holds batch_invariance.json (qa.gate.bat
 
 from __future__ import annotations
 
-from evals.provenance.engines import KVProvenance
+from evals.provenance.record import KVProvenance
 from qa.compare.batch_invariance import INVARIANCE_FILE, BatchInvariance
 from qa.files.comparison import Comparison
 from qa.files.policy import Policy

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from evals.errors import RecordError
-from evals.provenance.engines import STATIC_ORIGINS, KVProvenance
+from evals.provenance.record import STATIC_ORIGINS, KVProvenance
 from evals.records.arm_file import ARM_FILE, ArmManifest, EngineSummary
 from qa.files.policy import Policy
 from qa.files.verdict import Verdict

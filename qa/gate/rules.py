@@ -35,9 +35,9 @@ from qa.errors import PolicyError
 from qa.files.comparison import Comparison, Estimate, GenerationEstimate, SequentialTask
 from qa.files.policy import AUTO_METRICS, Policy, TaskPolicy
 from qa.files.verdict import RuleResult, Status, TaskVerdict, Verdict
+from qa.gate.cache_path import with_cache_path
 from qa.gate.margin import interval_status
 from qa.gate.reference import with_reference
-from qa.gate.serving import with_cache_path
 from qa.stats.intervals import delta_interval, p_below
 from qa.stats.multiplicity import holm
 from qa.stats.power import items_needed, mde, repeats_needed

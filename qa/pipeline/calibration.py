@@ -13,9 +13,9 @@ import torch
 from evals import data
 from evals.errors import DataError, ModelError
 from evals.models.load import load_model
-from evals.models.resolve import resolve_model
+from evals.models.resolve import ResolvedModel, resolve_model
 from quant.fileio import jsonl_objects
-from quant.scales.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
+from quant.kv.calibrate import CalibrationSpec, calibrate, token_chunks, tokenize_texts
 from quant.scales.export import export_model_folder
 from quant.scales.files import KVScales
 
@@ -51,18 +51,19 @@ def load_prompts(tokenizer: Any, source: str, data_dir: Path | None, n: int, seq
     return name, token_chunks(tokenize_texts(tokenizer, texts), n, seq_len, seed)
 
 
-def calibrate_model(model_name: str, source: str, spec: CalibrationSpec, data_dir: Path | None = None,
+def calibrate_model(model: str | ResolvedModel, source: str, spec: CalibrationSpec, data_dir: Path | None = None,
                     device: str = "cpu", dtype: str = "float32", trust_remote_code: bool = False) -> KVScales:
-    """Load the model and the calibration text, and calibrate static KV scales."""
-    model, tokenizer = load_model(resolve_model(model_name), dtype=dtype, device=device,
-                                  trust_remote_code=trust_remote_code)
+    """Load the model (a name is resolved here) and the calibration text, and calibrate static KV scales."""
+    resolved = resolve_model(model) if isinstance(model, str) else model
+    loaded, tokenizer = load_model(resolved, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     name, chunks = load_prompts(tokenizer, source, data_dir, spec.n_samples, spec.seq_len, spec.seed)
-    return calibrate(model, chunks, spec, data_name=name, model_name=model_name)
+    return calibrate(loaded, chunks, spec, data_name=name, model_name=resolved.name)
 
 
-def export_vllm_model(model_name: str, scales: KVScales, out_dir: Path) -> list[Path]:
-    """Write a model folder vLLM loads with `scales` as its FP8 KV scales (quant.scales.export.export_model_folder)."""
-    resolved = resolve_model(model_name)
+def export_vllm_model(model: str | ResolvedModel, scales: KVScales, out_dir: Path) -> list[Path]:
+    """Write a model folder vLLM loads with `scales` as its FP8 KV scales (quant.scales.export.export_model_folder);
+    a model given by name is resolved here."""
+    resolved = resolve_model(model) if isinstance(model, str) else model
     if resolved.path is None:
-        raise ModelError(f"model {model_name!r} has no local folder to export from")
+        raise ModelError(f"model {resolved.name!r} has no local folder to export from")
     return export_model_folder(scales, resolved.path, out_dir)

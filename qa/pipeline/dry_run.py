@@ -60,8 +60,8 @@ def shown_command(arm: ResolvedArm) -> tuple[str, ...]:
 def plugin_switch(arm: ResolvedArm) -> tuple[dict[str, str], str | None]:
     """(the variables that switch the qa_kv plugin on for the arm's vLLM, a note saying what they ask for);
     ({}, None) when its K/V format is not emulated in vLLM."""
-    if isinstance(arm.server, VllmServerSpec) and arm.server.kv_spec is not None:
-        env, spec = kv_plugin_env(arm.server), arm.server.kv_spec
+    if isinstance(arm.server, VllmServerSpec) and arm.server.kv is not None:
+        env, spec = kv_plugin_env(arm.server), arm.server.kv
     elif isinstance(arm.engine_args, VllmEngineArgs) and arm.engine_args.kv is not None:
         spec = arm.engine_args.kv
         env = plugin_env(spec)
@@ -74,8 +74,8 @@ def plugin_switch(arm: ResolvedArm) -> tuple[dict[str, str], str | None]:
 
 def arm_kv_spec(arm: ResolvedArm) -> KVQuantSpec | None:
     """The K/V cache the arm emulates: the hf cache's, or the one the qa_kv plugin runs in its vLLM."""
-    if isinstance(arm.server, VllmServerSpec) and arm.server.kv_spec is not None:
-        return arm.server.kv_spec
+    if isinstance(arm.server, VllmServerSpec) and arm.server.kv is not None:
+        return arm.server.kv
     if isinstance(arm.engine_args, VllmEngineArgs) and arm.engine_args.kv is not None:
         return arm.engine_args.kv
     return arm.kv

@@ -18,7 +18,6 @@ from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.vllm.args import VllmEngineArgs
 from evals.errors import ModelError, one_line
 from evals.models.config import read_model_config
-from evals.models.resolve import resolve_model
 from evals.run.context_fit import check_fit
 from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun
@@ -102,11 +101,12 @@ def _tokenizer(path: Path, trust_remote_code: bool) -> Any:
 
 
 def check_local_folders(run: ResolvedRun) -> None:
-    """ModelError (one line) for a local model folder an arm names that does not resolve (a broken config.json):
-    bad input even in a dry run, where a model this machine lacks is only a note."""
+    """ModelError (one line) for a local model folder an arm names that did not resolve (a broken config.json; the
+    error kept when the run was resolved): bad input even in a dry run, where a model this machine lacks is only
+    a note."""
     for arm in run.arms:
-        if arm.model is None and arm.record.engine != "lmeval" and Path(arm.record.model).expanduser().is_dir():
-            resolve_model(arm.record.model)
+        if arm.model_error is not None and Path(arm.record.model).expanduser().is_dir():
+            raise arm.model_error
 
 
 def check_items_fit(run: ResolvedRun) -> list[str]:

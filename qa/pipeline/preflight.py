@@ -33,6 +33,7 @@ from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, arm_tasks
 from qa.pipeline.scale_fit import fit_scale_folders
 from quant.fileio import scales_paths
 from quant.formats.catalog import FORMAT_NAMES, unknown_format
+from quant.kv.spec import kv_spec_to_json
 
 NO_VLLM = ("vLLM arguments not checked: vllm is not installed here, in .venv-vllm or at QA_VLLM_PYTHON "
            "(scripts/setup.sh --vllm)")
@@ -70,12 +71,12 @@ def vllm_checks(run: ResolvedRun) -> list[ArmCheck]:
             argv = vllm_server_command(arm.server, 0)[3:]  # after `python -m MODULE`; port 0 stands for a free one
             checks.append(ArmCheck(arm=arm.name, kind="server", argv=argv, env=dict(arm.record.env),
                                    gpu_spec=is_gpu_spec(spec.server.args),
-                                   kv=dict(arm.server.kv) if arm.server.kv is not None else None))
+                                   kv=kv_spec_to_json(arm.server.kv) if arm.server.kv is not None else None))
         elif isinstance(arm.engine_args, VllmEngineArgs):
             checks.append(ArmCheck(arm=arm.name, kind="offline", kwargs=offline_kwargs(run, arm),  # type: ignore[arg-type]
                                    env=dict(arm.record.env), gpu_spec=is_gpu_spec(arm.engine_args.flags()),
                                    allow_unsupported_kv_cache_dtype=arm.engine_args.allow_unsupported_kv_cache_dtype,
-                                   kv=(arm.engine_args.kv.model_dump(mode="json")
+                                   kv=(kv_spec_to_json(arm.engine_args.kv)
                                        if arm.engine_args.kv is not None else None)))
     return checks
 
@@ -160,7 +161,7 @@ def check_kv_architectures(run: ResolvedRun, strict: bool) -> dict[str, tuple[st
     config.json alone (evals.engines.vllm.kv.spec.architecture_refusal); a note where it is not here."""
     notes: dict[str, tuple[str, ...]] = {}
     for arm in run.arms:
-        served = isinstance(arm.server, VllmServerSpec) and arm.server.kv_spec is not None
+        served = isinstance(arm.server, VllmServerSpec) and arm.server.kv is not None
         if not served and not (isinstance(arm.engine_args, VllmEngineArgs) and arm.engine_args.kv is not None):
             continue
         path = model_config_json(arm)

@@ -4,7 +4,9 @@ Everything a run names is looked up here and nowhere else: the policy file (with
 task built once with its options, every item it reads and the seeded selection every arm runs (plus the
 look sizes of a sequential policy), each model resolved once, each arm's engine arguments as its engine
 receives them (trust_remote_code, the calibrated scales a static-scales candidate reads), the folder that
-carries calibrated scales to a vLLM candidate, a local server's typed spec and each worker's interpreter.
+carries calibrated scales to a vLLM candidate (resolved once it is written), a local server's typed spec (its
+`kv` spec checked here, once, against what vLLM + the qa_kv plugin can honour: evals.engines.vllm.kv.spec.
+check_vllm_kv) and each worker's interpreter.
 What cannot be found on this machine (a vLLM interpreter, a GPU spec's hub model) is kept as the arm's
 `problem`: the dry run shows it, the preflight of a real run refuses it.
 """
@@ -12,7 +14,6 @@ What cannot be found on this machine (a vLLM interpreter, a GPU spec's hub model
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,22 @@ from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.hf.args import HFEngineArgs
 from evals.engines.vllm.args import VllmEngineArgs
+from evals.engines.vllm.kv.spec import check_vllm_kv
 from evals.errors import EngineError, EvalError, ModelError
 from evals.models.gguf import gguf_file
 from evals.models.resolve import ResolvedModel, resolve_model
+from evals.prompts.reasoning import DEFAULT_THINK_TAGS
 from evals.run.selection import select_items
 from evals.servers.interpreter import vllm_python
-from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec, check_cache_type
+from evals.servers.spec import (
+    LlamaCppServerSpec,
+    ServerSpec,
+    VllmServerSpec,
+    check_cache_type,
+    server_spec_to_json,
+)
 from evals.tasks import get_task, supports_chat
-from evals.tasks.base import DEFAULT_THINK_TAGS, TaskOptions
+from evals.tasks.base import TaskOptions
 from qa.files.policy import Policy, parse_policy, policy_path, policy_text
 from qa.files.resolved_json import (
     ArmKind,
@@ -41,14 +50,7 @@ from qa.files.resolved_json import (
 )
 from qa.files.rundir import RunDir
 from qa.files.spec import FIXED_ROLES, ArmSpec, ChatSettings, RunSpec, TaskSpec
-from qa.pipeline.resolved_run import (
-    OPTIONS,
-    ResolvedArm,
-    ResolvedPolicy,
-    ResolvedRun,
-    ResolvedTask,
-    ServerSpec,
-)
+from qa.pipeline.resolved_run import OPTIONS, ResolvedArm, ResolvedPolicy, ResolvedRun, ResolvedTask
 from qa.stats.sequential import Design, look_sizes
 from quant.kv.spec import KVQuantSpec
 
@@ -143,10 +145,10 @@ def vllm_python_or_none() -> str | None:
         return None
 
 
-def resolve_server_spec(spec: RunSpec, name: str, model: ResolvedModel | None,
-                        vllm: str | None) -> ServerSpec:
+def resolve_server(spec: RunSpec, name: str, model: ResolvedModel | None, vllm: str | None) -> ServerSpec:
     """The typed server spec (evals.servers.spec) of an arm's `server` table (model files resolved, nothing started; a
-    vLLM server run by `vllm`, PYTHON_SHOWN when there is none); the arm's `env` is the server's."""
+    vLLM server run by `vllm`, PYTHON_SHOWN when there is none); the arm's `env` is the server's. EngineError for
+    a `kv` spec vLLM + the qa_kv plugin cannot honour (the one check, evals.engines.vllm.kv.spec.check_vllm_kv)."""
     arm = spec.arms[name]
     server = arm.server
     assert server is not None  # callers check first
@@ -159,10 +161,11 @@ def resolve_server_spec(spec: RunSpec, name: str, model: ResolvedModel | None,
             cache_type_v=check_cache_type(server.cache_type_v), flash_attn=server.flash_attn,
             rotate_kv=server.rotate_kv, n_ctx=server.n_ctx, n_parallel=server.n_parallel, threads=server.threads,
             env=dict(arm.env))
+    if server.kv is not None:
+        check_vllm_kv(server.kv, str(server.args.get("kv_cache_dtype", "auto")), where=f"arm {name!r}: vllm server")
     folder = model.path if model is not None else None
     return VllmServerSpec(model=folder or Path(spec.arm_model(name)), args=dict(server.args),
-                          python=vllm or PYTHON_SHOWN, env=dict(arm.env),
-                          kv=server.kv.model_dump(mode="json") if server.kv is not None else None)
+                          python=vllm or PYTHON_SHOWN, env=dict(arm.env), kv=server.kv)
 
 
 def _model(name: str, cache: dict[str, ResolvedModel | EvalError]) -> ResolvedModel | EvalError:
@@ -187,12 +190,10 @@ def resolve_arm(spec: RunSpec, name: str, rd: RunDir, models: dict[str, Resolved
                            engine_args=None, runs=False, records=str(Path(arm.lmeval_dir).resolve()), out=out)
         return ResolvedArm(record, None, None, None, None)
     problems: list[str] = []
-    model: ResolvedModel | None = None
     found = _model(spec.arm_model(name), models)  # every engine's arm.json names the model's file hash
+    model = found if isinstance(found, ResolvedModel) else None
     if isinstance(found, EvalError):
         problems.append(str(found))
-    else:
-        model = found
     if model is not None and model.path is None and arm.server is not None and arm.server.kind == "vllm":
         problems.append(f"arm {name}: a vllm server needs a local model folder; {spec.arm_model(name)!r} is a hub id")
     uses_vllm = arm.engine == "vllm" or (arm.server is not None and arm.server.kind == "vllm")
@@ -202,13 +203,16 @@ def resolve_arm(spec: RunSpec, name: str, rd: RunDir, models: dict[str, Resolved
         except EngineError as exc:
             problems.append(str(exc))
     args = engine_args(spec, name, rd)
-    server = resolve_server_spec(spec, name, model, vllm) if arm.server is not None else None
+    server = resolve_server(spec, name, model, vllm) if arm.server is not None else None
     load = str(rd.vllm_model) if feeds_vllm(spec, name) else spec.arm_model(name)
+    loaded: ResolvedModel | EvalError | None = None
+    if load != spec.arm_model(name) and (rd.vllm_model / "config.json").is_file():  # the calibration step wrote it
+        loaded = _model(load, models)
     runs = not (name == "baseline" and arm.from_run is not None)
     server_record = None
     if server is not None and arm.server is not None:
-        spec_json = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(server).items()}
-        server_record = ServerRecord(kind=arm.server.kind, spec=spec_json, ready_timeout_s=arm.server.ready_timeout_s,
+        server_record = ServerRecord(kind=arm.server.kind, spec=server_spec_to_json(server),
+                                     ready_timeout_s=arm.server.ready_timeout_s,
                                      log=rd.server_log(name).relative_to(rd.root).as_posix())
     record = ArmRecord(
         name=name, kind=kind, engine=arm.engine, model=spec.arm_model(name), load=load,
@@ -217,7 +221,9 @@ def resolve_arm(spec: RunSpec, name: str, rd: RunDir, models: dict[str, Resolved
         server=server_record, python=(vllm if arm.engine == "vllm" else sys.executable) if runs else None,
         env=dict(arm.env), runs=runs, records=rd.arm_records(name).relative_to(rd.root).as_posix(), out=out,
         reused_from=str(Path(arm.from_run).resolve()) if arm.from_run is not None else None)
-    return ResolvedArm(record, args, server, emulated_kv(arm), model, "; ".join(problems) or None)
+    return ResolvedArm(record, args, server, emulated_kv(arm), model, "; ".join(problems) or None,
+                       model_error=found if isinstance(found, EvalError) else None,
+                       loaded=loaded if isinstance(loaded, ResolvedModel) else None)
 
 
 def calibration_record(spec: RunSpec, rd: RunDir) -> CalibrationRecord | None:

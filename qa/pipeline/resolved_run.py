@@ -17,10 +17,11 @@ from pydantic import TypeAdapter
 from evals.engines import parse_engine_args
 from evals.engines.args import EngineArgs
 from evals.engines.base import GenerateRequest
+from evals.errors import EvalError
 from evals.models.resolve import ResolvedModel
 from evals.run.arm import ArmConfig, ArmTask
 from evals.run.selection import select_items
-from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
+from evals.servers.spec import ServerSpec, server_spec_from_json
 from evals.tasks.base import Item, Request, ServedInSessions, Task, TaskOptions
 from qa.errors import QAError
 from qa.files.policy import Policy, TaskPolicy
@@ -30,9 +31,6 @@ from qa.files.spec import RunSpec, TaskSpec
 from quant.kv.spec import KVQuantSpec
 
 OPTIONS = TypeAdapter(TaskOptions)  # TaskOptions <-> the JSON of TaskRecord.options
-SERVER_SPECS: dict[str, TypeAdapter[LlamaCppServerSpec] | TypeAdapter[VllmServerSpec]] = {
-    "llamacpp": TypeAdapter(LlamaCppServerSpec), "vllm": TypeAdapter(VllmServerSpec)}
-ServerSpec = LlamaCppServerSpec | VllmServerSpec
 
 
 def arm_config(record: ResolvedRecord, arm: ArmRecord, *, base_url: str | None = None) -> ArmConfig:
@@ -60,10 +58,10 @@ def arm_tasks(record: ResolvedRecord) -> list[ArmTask]:
 
 def server_spec(arm: ArmRecord) -> ServerSpec | None:
     """The typed spec (evals.servers.spec) of the server an arm's worker starts, read back from the arm's record
-    (None: the arm has none; qa.pipeline.resolve.resolve_server_spec builds it from the spec)."""
+    (None: the arm has none; qa.pipeline.resolve.resolve_server builds it from the spec)."""
     if arm.server is None:
         return None
-    return SERVER_SPECS[arm.server.kind].validate_python(arm.server.spec)
+    return server_spec_from_json(arm.server.kind, arm.server.spec)
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,7 @@ class ResolvedTask:
     @property
     def gated_items(self) -> int:
         """Items the gated estimate pairs (the power plan's n): a session task's turns on one cache path, cold
-        if served (qa.compare.serving.standard_records: its other paths serve them again), else every item."""
+        if served (qa.compare.cache_path.standard_records: its other paths serve them again), else every item."""
         if not isinstance(self.task, ServedInSessions):
             return self.n_items
         names = self.task.path_names()
@@ -145,7 +143,8 @@ class ResolvedTask:
 
 @dataclass(frozen=True)
 class ResolvedArm:
-    """One arm: its record, typed engine arguments and server spec, the emulated KV spec, the model."""
+    """One arm: its record, typed engine arguments and server spec, the emulated KV spec, the model (resolved
+    once, by qa.pipeline.resolve: nothing downstream looks it up again)."""
 
     record: ArmRecord
     engine_args: EngineArgs | None  # as its engine receives them (no base_url: a server's is set at start)
@@ -153,6 +152,15 @@ class ResolvedArm:
     kv: KVQuantSpec | None  # the emulated quantized KV cache it runs (hf engine, a format other than none)
     model: ResolvedModel | None  # None: an lm-eval folder, or a model not on this machine (`problem`)
     problem: str | None = None  # why the arm cannot run here (a real run refuses it; a dry run notes it)
+    model_error: EvalError | None = None  # why its model did not resolve (None: it did, or an lm-eval folder)
+    # what its engine loads when that is not `model` (record.load: the folder carrying calibrated scales to
+    # vLLM), resolved when the folder was there; None: it loads `model`, or the calibration has not written it
+    loaded: ResolvedModel | None = None
+
+    @property
+    def engine_model(self) -> ResolvedModel | None:
+        """The model its engine loads, resolved (None: not resolved here)."""
+        return self.model if self.record.load == self.record.model else self.loaded
 
     @property
     def name(self) -> str:

@@ -11,7 +11,6 @@ arm to its worker, which resumes or refuses with its own one-line error.
 from __future__ import annotations
 
 from evals.errors import EvalError
-from evals.models.resolve import resolve_model
 from evals.records.arm_file import ARM_FILE, ArmManifest
 from evals.records.samples import read_records
 from evals.run.arm import BuiltTask, arm_manifest
@@ -21,11 +20,11 @@ from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, ResolvedTask
 def arm_matches(run: ResolvedRun, arm: ResolvedArm) -> bool:
     """True when records/<arm>/arm.json holds this arm's fingerprint and every task's (module doc)."""
     folder = run.records_of(arm)
-    if not arm.record.runs or not (folder / ARM_FILE).is_file() or arm.model is None:
+    model = arm.engine_model  # resolved once, with the run (qa.pipeline.resolve)
+    if not arm.record.runs or not (folder / ARM_FILE).is_file() or model is None:
         return False
     try:
         old = ArmManifest.load(folder / ARM_FILE)
-        model = arm.model if arm.record.load == arm.record.model else resolve_model(arm.record.load)
         built: list[BuiltTask] = [(t.task, t.options, t.record.limit, t.record.repeats) for t in run.tasks]
         new = arm_manifest(run.config(arm), model, built)
     except EvalError:

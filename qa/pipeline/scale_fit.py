@@ -69,8 +69,8 @@ def folder_source(arm: ResolvedArm) -> FolderSource | None:
     elif isinstance(args, VllmEngineArgs) and args.kv is not None:
         kv, load, reader = args.kv, vllm_load(args.flags()), "the vLLM qa_kv plugin"
         source = kv.scales_file
-    elif isinstance(server, VllmServerSpec) and server.kv_spec is not None:
-        kv, load, reader = server.kv_spec, vllm_load(server.args), "the vLLM qa_kv plugin"
+    elif isinstance(server, VllmServerSpec) and server.kv is not None:
+        kv, load, reader = server.kv, vllm_load(server.args), "the vLLM qa_kv plugin"
         source = kv.scales_file
     else:
         return None
@@ -86,7 +86,7 @@ def observe_model(model: ResolvedModel, hf: HFEngineArgs, data_dir: Path | None)
     from transformers.utils import logging as hf_logging  # transformers: its load progress bar
 
     from qa.pipeline.calibration import load_prompts  # torch: token chunks are tensors
-    from quant.scales.check import observe_amax  # torch: the model runs
+    from quant.kv.scale_check import observe_amax  # torch: the model runs
 
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # a check before the run: its stderr is one error line or nothing

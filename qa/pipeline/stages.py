@@ -129,26 +129,26 @@ def inspect_kv(run: ResolvedRun) -> None:
         run_step(run.rd.root, "kv-inspect", "the KV-cache inspection")
 
 
-def run(resolved: ResolvedRun, options: PlanOptions | None = None) -> Verdict | RunVerdict:
+def run(run: ResolvedRun, options: PlanOptions | None = None) -> Verdict | RunVerdict:
     """The whole pipeline into the resolved run directory (resuming a run of the same spec); the power plan
     is printed before anything is written."""
-    started = start(resolved, options)
+    started = start(run, options)
     announce_plan(started.plan, options.strict if options is not None else False)
-    for line in planned_lines(resolved):
+    for line in planned_lines(run):
         print(line, flush=True)
-    prepare_run_dir(resolved.spec, resolved.rd.root)
-    resolved.rd.save_resolved(resolved.record, resolved.policy.text)
-    if not resolved.rd.env.exists():
-        write_env_json(resolved)
-    calibrate(resolved)
+    prepare_run_dir(run.spec, run.rd.root)
+    run.rd.save_resolved(run.record, run.policy.text)
+    if not run.rd.env.exists():
+        write_env_json(run)
+    calibrate(run)
     if started.checks.reused is not None:
-        copy_reused(started.checks.reused, resolved.rd.root)  # no baseline engine starts; checked each run
-    if resolved.sequential:  # the arms advance together in blocks, a look after each; writes each comparison.json
-        run_sequential(resolved)
+        copy_reused(started.checks.reused, run.rd.root)  # no baseline engine starts; checked each run
+    if run.sequential:  # the arms advance together in blocks, a look after each; writes each comparison.json
+        run_sequential(run)
     else:
-        run_arms(resolved)
-    inspect_kv(resolved)
-    if not resolved.sequential:
-        for cand in resolved.candidates:
-            compare_step(resolved, cand)
-    return gate_and_report(resolved)
+        run_arms(run)
+    inspect_kv(run)
+    if not run.sequential:
+        for cand in run.candidates:
+            compare_step(run, cand)
+    return gate_and_report(run)

@@ -79,25 +79,32 @@ def calibrate_step(record: ResolvedRecord, rd: RunDir) -> None:
         calibrate_model,
         export_vllm_model,
     )
-    from quant.scales.calibrate import CalibrationSpec  # torch: the observers are torch code
+    from quant.kv.calibrate import CalibrationSpec  # torch: the observers are torch code
     from quant.scales.files import KVScales  # torch: scales are tensors
 
     cal = record.calibration
     if cal is None:
         raise SpecError("the run has no [calibration] step")
     out = rd.root / cal.scales
-    if all(p.exists() for p in scales_paths(out)):  # a kill between the two writes leaves only one
+    calibrated = all(p.exists() for p in scales_paths(out))  # a kill between the two writes leaves only one
+    folder = rd.root / cal.vllm_model if cal.vllm_model is not None else None
+    export = folder is not None and not (folder / "config.json").is_file()
+    if calibrated and not export:
+        return
+    model = resolve_model(cal.model)  # once in this process (resolved.json names it by name)
+    if calibrated:
         scales = KVScales.load(out)
     else:
         step = cal.step
         qspec = CalibrationSpec(format=step.format, observer=step.observer, percentile=step.percentile,
                                 granularity=step.granularity, n_samples=step.n_samples, seq_len=step.seq_len,
                                 seed=record.seed)
-        scales = calibrate_model(cal.model, step.dataset, qspec, Path(record.data_dir) if record.data_dir else None,
+        scales = calibrate_model(model, step.dataset, qspec, Path(record.data_dir) if record.data_dir else None,
                                  cal.device, cal.dtype, trust_remote_code=record.trust_remote_code)
         scales.save(out)
-    if cal.vllm_model is not None and not (rd.root / cal.vllm_model / "config.json").is_file():
-        export_vllm_model(cal.model, scales, rd.root / cal.vllm_model)
+    if export:
+        assert folder is not None  # export implies a folder
+        export_vllm_model(model, scales, folder)
 
 
 def emulated(arm: ArmRecord) -> HFEngineArgs | None:

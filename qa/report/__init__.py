@@ -1,12 +1,14 @@
 """Render a run directory into report.md and a self-contained report.html (plots inline).
 
 The report is written for a ten-second read: the verdict first, big and coloured, then one row per
-task, the forest plot, flips, the per-layer KV-cache error (when the run has kv_inspect.json), the
-distribution statistics, examples of changed answers, methods and provenance. Everything that came
+task, the forest plot (with the reference-answer intervals of each task they decided), flips, the
+per-layer KV-cache error (when the run has kv_inspect.json), the distribution statistics, examples of
+changed answers, methods and provenance. Everything that came
 from a model, a dataset or a data file is escaped (the page's Content-Security-Policy allows no script
-at all); GPQA items are shown by record id only.
+at all); GPQA items are shown by record id only. The report is built once as data (qa.report.document)
+and rendered to Markdown and to HTML by one renderer each.
 
-    gather (RunDir -> ReportInputs, verdict resolved) -> figures -> markdown / html
+    gather (RunDir -> ReportInputs, verdict resolved) -> figures -> build (one Document) -> markdown / html
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from qa.files.policy import Policy
 from qa.files.rundir import RunDir
+from qa.report.build import build_document
 from qa.report.figures import make_figures
 from qa.report.gather import gather
 from qa.report.html import render_html
@@ -38,11 +41,12 @@ def render(run_dir: Path, policy: Policy | None = None, out_dir: Path | None = N
     out = RunDir(out_dir or run_dir)
     inp = gather(run_dir, policy)
     figs = make_figures(inp)
+    doc = build_document(inp, figs)
     written: dict[str, Path] = {}
     for name, png in figs.files().items():
         written[name] = out.plots / f"{name}.png"
         atomic_write_bytes(written[name], png)
     rel = {name: f"{out.plots.name}/{path.name}" for name, path in written.items()}
-    atomic_write_text(out.report_md, render_markdown(inp, rel))
-    atomic_write_text(out.report_html, render_html(inp, figs))
+    atomic_write_text(out.report_md, render_markdown(doc, rel))
+    atomic_write_text(out.report_html, render_html(doc))
     return ReportPaths(markdown=out.report_md, html=out.report_html, plots=list(written.values()))

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from qa.compare.batch_invariance import INVARIANCE_FILE, BatchInvariance, TaskInvariance
 from qa.gate.batch_invariance import InvarianceDecision, decide_invariance
+from qa.report.document import Paragraph, Section, line, table
 from qa.report.gather import ReportInputs
-from qa.report.table_section import html_table_section, markdown_table_section
 
 TITLE = "Batch invariance"
 HEADERS = ("task", "items", "baseline changed", "candidate changed", "delta (95% CI)",
@@ -39,11 +39,7 @@ def invariance_rows(inp: ReportInputs) -> list[list[str]]:
     return [invariance_row(r, d) for r, d in zip(inv.tasks, decide_invariance(inv, inp.verdict.policy))]
 
 
-def markdown_section(inp: ReportInputs) -> list[str]:
-    """report.md lines of the section (none without batch_invariance.json)."""
-    return markdown_table_section(TITLE, CAPTION, tuple(HEADERS), invariance_rows(inp))
-
-
-def html_section(inp: ReportInputs) -> str:
-    """report.html fragment of the section ('' without batch_invariance.json)."""
-    return html_table_section(TITLE, CAPTION, tuple(HEADERS), invariance_rows(inp))
+def section(inp: ReportInputs) -> Section | None:
+    """The section: caption and table (None without batch_invariance.json)."""
+    rows = invariance_rows(inp)
+    return Section(TITLE, (Paragraph(line(CAPTION)), table(HEADERS, rows))) if rows else None

@@ -1,22 +1,34 @@
 """The run-level report of a several-candidate run: report.md and report.html at the run root with the
-run's verdict, a candidate x task matrix (status and delta per cell) and a link to each candidate's own
-report in candidates/<name>/. Every datum is escaped as in the per-candidate reports."""
+run's verdict, a candidate x task matrix (status per cell, each candidate linked to its own report in
+candidates/<name>/), the delta per cell and one line per candidate with its reasons; built once as a
+`Document` and rendered by the same renderers as the per-candidate reports."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from qa.files.rundir import RunDir
 from qa.files.verdict import RunVerdict, Verdict
-from qa.gate.summary import STATUS_MARK, matrix_markdown, matrix_tasks
-from qa.report.html import CSP, CSS, html_table
-from qa.textfmt import md_cell, pts
+from qa.gate.summary import STATUS_MARK, matrix_tasks
+from qa.report.document import (
+    Banner,
+    Bullets,
+    Cell,
+    Code,
+    Document,
+    Item,
+    Link,
+    Section,
+    StatusMark,
+    Strong,
+    Table,
+    line,
+    table,
+)
+from qa.report.html import render_html
+from qa.report.markdown import render_markdown
+from qa.textfmt import pts
 from quant.fileio import atomic_write_text
-
-
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def _delta(verdict: Verdict | None, task: str) -> str:
@@ -24,68 +36,46 @@ def _delta(verdict: Verdict | None, task: str) -> str:
     return "" if tv is None or tv.delta is None else pts(tv.delta)
 
 
-def matrix_markdown_report(run: RunVerdict, verdicts: dict[str, Verdict]) -> str:
-    """report.md of a several-candidate run: verdict, matrix, one line per candidate with its report."""
-    links = {c.name: f"{c.folder}/report.md" for c in run.candidates}
-    lines = [f"# {STATUS_MARK[run.status]}", "", f"**{md_cell(run.summary)}**", "",
-             (f"Each candidate is compared with baseline `{md_cell(run.baseline)}` on the same items and gated on "
-             f"its own; policy {md_cell(run.policy_name)} ({run.policy_sha256[:12]})."), "",
-             "## Candidate x task", ""] + matrix_markdown(run, links)
+def status_table(run: RunVerdict) -> Table:
+    """Candidate x task: each candidate (linked to its report.md) and its status per task ('-': not run)."""
     tasks = matrix_tasks(run)
-    lines += ["", "## Delta (candidate - baseline, points)", "",
-              "| candidate | " + " | ".join(md_cell(t) for t in tasks) + " |", "|---|" + "---|" * len(tasks)]
-    for c in run.candidates:
-        lines.append(f"| {md_cell(c.name)} | " + " | ".join(md_cell(_delta(verdicts.get(c.name), t)) or "-"
-                                                          for t in tasks) + " |")
-    lines += ["", "## Candidates", ""]
-    for c in run.candidates:
-        lines.append(f"- {STATUS_MARK[c.status]} **{md_cell(c.name)}**: {md_cell(c.summary)} "
-                     f"([report.md]({c.folder}/report.md), [report.html]({c.folder}/report.html))")
-        lines += [f"  - {md_cell(t)}: {md_cell(r)}" for t, r in c.reasons.items()]
-    return "\n".join(lines) + "\n"
+    body = [[Cell(c.name, link=f"{c.folder}/report.md"), Cell(STATUS_MARK[c.status], status=c.status)]
+            + [Cell(STATUS_MARK[c.tasks[t]], status=c.tasks[t]) if t in c.tasks else Cell("-") for t in tasks]
+            for c in run.candidates]
+    return table(["candidate", "verdict", *tasks], body)
 
 
-def _pill(status: str) -> str:
-    return f'<span class="pill {_e(status)}">{_e(status.upper())}</span>'
-
-
-def matrix_html_report(run: RunVerdict, verdicts: dict[str, Verdict]) -> str:
-    """report.html of a several-candidate run (self-contained, no script)."""
+def delta_table(run: RunVerdict, verdicts: dict[str, Verdict]) -> Table:
+    """Candidate x task: delta = candidate - baseline in points ('-': not run or undefined)."""
     tasks = matrix_tasks(run)
-    rows = []
-    for c in run.candidates:
-        cells = [f'<a href="{_e(c.folder)}/report.html"><b>{_e(c.name)}</b></a>', _pill(c.status)]
-        for t in tasks:
-            status = c.tasks.get(t)
-            if status is None:
-                cells.append("-")
-                continue
-            delta = _delta(verdicts.get(c.name), t)
-            cells.append(_pill(status) + (f"<br><small>{_e(delta)}</small>" if delta else "")
-                         + f'<br><small title="{_e(c.reasons.get(t, ""))}">{_e(c.reasons.get(t, ""))}</small>')
-        rows.append(cells)
-    body = [
-        (f'<div class="banner {_e(run.status)}"><h1>{_e(run.status.upper())}</h1><p>{_e(run.summary)}</p>'
-        f'<p class="sub">baseline {_e(run.baseline)}; policy {_e(run.policy_name)} ({_e(run.policy_sha256[:12])})</p>'
-        "</div><main>"),
-        ("<h2>Candidate x task</h2><p>Each candidate is compared with the baseline on the same items (paired) "
-        "and gated on its own; the run passes only when every candidate passes. Cells: status, delta "
-        "(candidate - baseline), reason.</p>"),
-        '<div class="scroll">', html_table(["candidate", "verdict", *tasks], rows, frozenset()), "</div>",
-        "<h2>Candidates</h2><ul>",
-    ]
-    body += [f'<li>{_pill(c.status)} <a href="{_e(c.folder)}/report.html">{_e(c.name)}</a>: {_e(c.summary)}</li>'
-             for c in run.candidates]
-    body.append("</ul></main>")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-            f"<title>{_e(run.status.upper())}: {len(run.candidates)} candidates</title><style>{CSS}</style></head>"
-            f"<body>{''.join(body)}</body></html>\n")
+    body = [[c.name] + [_delta(verdicts.get(c.name), t) or "-" for t in tasks] for c in run.candidates]
+    return table(["candidate", *tasks], body, frozenset(range(1, len(tasks) + 1)))
+
+
+def matrix_document(run: RunVerdict, verdicts: dict[str, Verdict]) -> Document:
+    """The run-level report of a several-candidate run, once, for both renderers."""
+    intro = line("Each candidate is compared with baseline ", Code(run.baseline),
+                 " on the same items and gated on its own; policy ", run.policy_name,
+                 f" ({run.policy_sha256[:12]}).")
+    candidates = tuple(
+        Item(line(StatusMark(c.status), " ", Strong(c.name), ": ", c.summary, " (",
+                  Link("report.md", f"{c.folder}/report.md"), ", ", Link("report.html", f"{c.folder}/report.html"),
+                  ")"),
+             tuple(line(t, ": ", r) for t, r in c.reasons.items()))
+        for c in run.candidates)
+    return Document(
+        f"{run.status.upper()}: {len(run.candidates)} candidates",
+        Banner(run.status, run.summary, intro),
+        (Section("Candidate x task", (status_table(run),)),
+         Section("Delta (candidate - baseline, points)", (delta_table(run, verdicts),)),
+         Section("Candidates", (Bullets(candidates),))),
+    )
 
 
 def render_matrix(run_dir: Path, run: RunVerdict, verdicts: dict[str, Verdict]) -> tuple[Path, Path]:
     """Write report.md and report.html of a several-candidate run at its root; their paths."""
     rd = RunDir(run_dir)
-    atomic_write_text(rd.report_md, matrix_markdown_report(run, verdicts))
-    atomic_write_text(rd.report_html, matrix_html_report(run, verdicts))
+    doc = matrix_document(run, verdicts)
+    atomic_write_text(rd.report_md, render_markdown(doc, {}))
+    atomic_write_text(rd.report_html, render_html(doc))
     return rd.report_md, rd.report_html

@@ -1,4 +1,5 @@
-"""Report figures as PNG bytes: forest plot of delta, flip counts, KL divergence, per-layer KV error.
+"""Report figures as PNG bytes: forest plot of delta (with the reference-answer intervals that decided a task),
+flip counts, KL divergence, per-layer KV error.
 
 Figures are drawn with matplotlib's object API on the Agg canvas (no pyplot, no global state, no
 display needed). Labels come from task names and data files: they are passed with `$` escaped, so
@@ -17,6 +18,7 @@ from quant.fileio import atomic_write_bytes
 from quant.kv.inspect_report import InspectReport
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 STATUS_COLOURS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#bf8700"}
@@ -35,6 +37,20 @@ class ForestRow:
     margin: float
     status: str
     gate_level: float = 0.90  # two-sided level of ci_gate: 1 - 2 alpha
+
+
+@dataclass(frozen=True)
+class ReferenceRow:
+    """One deciding reference-answer rule of a task, in nats per token; `bound` is where the rule's interval
+    must lie beyond: -margin for delta log-prob (pass above it), +margin for KL (pass below it)."""
+
+    label: str
+    value: float
+    ci_gate: tuple[float, float] | None  # the interval the rule decided on, at `gate_level`
+    ci95: tuple[float, float] | None
+    bound: float
+    status: str
+    gate_level: float = 0.90
 
 
 @dataclass(frozen=True)
@@ -76,48 +92,75 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def forest_plot(rows: list[ForestRow]) -> bytes:
-    """Delta per task in points: thick bar = the gate's (1 - 2 alpha) CI, thin = 95%; lines at 0 and -margin."""
-    fig = _figure(8.0, 1.1 + 0.55 * len(rows))
-    ax = fig.add_subplot()
-    ys = list(range(len(rows)))[::-1]
-    margins = {r.margin for r in rows}
-    for y, r in zip(ys, rows, strict=True):
-        colour = STATUS_COLOURS.get(r.status, GREY)
-        if r.ci95 is not None:
-            ax.plot([100 * r.ci95[0], 100 * r.ci95[1]], [y, y], color=colour, lw=1.4, solid_capstyle="butt")
-        if r.ci_gate is not None:
-            ax.plot(
-                [100 * r.ci_gate[0], 100 * r.ci_gate[1]],
-                [y, y],
-                color=colour,
-                lw=5.5,
-                alpha=0.85,
-                solid_capstyle="butt",
-            )
-        ax.plot(
-            [100 * r.delta], [y], marker="D", color="white", markeredgecolor=colour, markersize=7, zorder=3
-        )
-        if len(margins) > 1:
-            ax.plot(
-                [-100 * r.margin] * 2, [y - 0.35, y + 0.35], color=STATUS_COLOURS["fail"], lw=1.5, ls="--"
-            )
+def _interval_row(ax: Axes, y: float, value: float, ci_gate: tuple[float, float] | None,
+                  ci95: tuple[float, float] | None, colour: str, scale: float) -> None:
+    """One row: thin 95% interval, thick gate interval, the estimate as a diamond (x values times `scale`)."""
+    if ci95 is not None:
+        ax.plot([scale * ci95[0], scale * ci95[1]], [y, y], color=colour, lw=1.4, solid_capstyle="butt")
+    if ci_gate is not None:
+        ax.plot([scale * ci_gate[0], scale * ci_gate[1]], [y, y], color=colour, lw=5.5, alpha=0.85,
+                solid_capstyle="butt")
+    ax.plot([scale * value], [y], marker="D", color="white", markeredgecolor=colour, markersize=7, zorder=3)
+
+
+def _thick_label(levels: set[int]) -> str:
+    return f"{levels.pop()}% CI (the gate's)" if len(levels) == 1 else "the gate's (1 - 2 alpha) CI"
+
+
+def _tidy(ax: Axes, labels: list[str]) -> None:
+    ys = list(range(len(labels)))[::-1]
+    ax.set_yticks(ys, [_label(x) for x in labels])
+    ax.set_ylim(-0.7, len(labels) - 0.3)
     ax.axvline(0, color=GREY, lw=1)
-    if len(margins) == 1:
-        m = margins.pop()
-        ax.axvline(
-            -100 * m, color=STATUS_COLOURS["fail"], lw=1.5, ls="--", label=f"-margin ({100 * m:.1f} pts)"
-        )
-        ax.legend(loc="lower right", fontsize=8, frameon=False)
-    ax.set_yticks(ys, [_label(r.label) for r in rows])
-    ax.set_ylim(-0.7, len(rows) - 0.3)
-    levels = {round(100 * r.gate_level) for r in rows}
-    thick = f"{levels.pop()}% CI (the gate's)" if len(levels) == 1 else "the gate's (1 - 2 alpha) CI"
-    ax.set_xlabel(f"delta = candidate - baseline (accuracy points); thick: {thick}, thin: 95% CI")
     ax.grid(axis="x", color="#d0d7de", lw=0.6)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
+
+
+def _accuracy_panel(ax: Axes, rows: list[ForestRow]) -> None:
+    ys = list(range(len(rows)))[::-1]
+    margins = {r.margin for r in rows}
+    for y, r in zip(ys, rows, strict=True):
+        colour = STATUS_COLOURS.get(r.status, GREY)
+        _interval_row(ax, y, r.delta, r.ci_gate, r.ci95, colour, 100)
+        if len(margins) > 1:
+            ax.plot([-100 * r.margin] * 2, [y - 0.35, y + 0.35], color=STATUS_COLOURS["fail"], lw=1.5, ls="--")
+    _tidy(ax, [r.label for r in rows])
+    if len(margins) == 1:
+        m = margins.pop()
+        ax.axvline(-100 * m, color=STATUS_COLOURS["fail"], lw=1.5, ls="--", label=f"-margin ({100 * m:.1f} pts)")
+        ax.legend(loc="lower right", fontsize=8, frameon=False)
+    thick = _thick_label({round(100 * r.gate_level) for r in rows})
+    ax.set_xlabel(f"delta = candidate - baseline (accuracy points); thick: {thick}, thin: 95% CI")
+
+
+def _reference_panel(ax: Axes, rows: list[ReferenceRow]) -> None:
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows, strict=True):
+        _interval_row(ax, y, r.value, r.ci_gate, r.ci95, STATUS_COLOURS.get(r.status, GREY), 1)
+        ax.plot([r.bound] * 2, [y - 0.35, y + 0.35], color=STATUS_COLOURS["fail"], lw=1.5, ls="--")
+    _tidy(ax, [r.label for r in rows])
+    thick = _thick_label({round(100 * r.gate_level) for r in rows})
+    ax.set_xlabel(f"nats/token on the reference answers; thick: {thick}, thin: 95% CI; dashed: the rule's bound")
+    ax.set_title("What decided these tasks: their reference answers (delta log-prob = candidate - baseline: "
+                 "pass above its bound; KL: pass below it)", fontsize=8, loc="left")
+
+
+def forest_plot(rows: list[ForestRow], reference: list[ReferenceRow] | None = None) -> bytes:
+    """Delta per task in points: thick bar = the gate's (1 - 2 alpha) CI, thin = 95%; lines at 0 and -margin.
+    With `reference` rows, a second panel below in nats/token: each deciding reference-answer rule's interval
+    against its bound (-margin for delta log-prob, +margin for KL)."""
+    reference = reference or []
+    panels = [n for n in (len(rows), len(reference)) if n]
+    fig = _figure(8.0, 1.1 * len(panels) + 0.55 * sum(panels))
+    axes = fig.subplots(len(panels), 1, height_ratios=[n + 1 for n in panels], squeeze=False)[:, 0]
+    if rows:
+        _accuracy_panel(axes[0], rows)
+    if rows and reference:
+        fig.subplots_adjust(hspace=0.55)
+    if reference:
+        _reference_panel(axes[-1], reference)
     return _png(fig)
 
 

@@ -4,14 +4,12 @@ stored dtype, where the K/V scales came from and their per-layer values (records
 
 from __future__ import annotations
 
-from html import escape
-
 from evals.errors import RecordError
-from evals.provenance.engines import KVProvenance
+from evals.provenance.record import KVProvenance
 from qa.files.rundir import RunDir
 from qa.gate.provenance import FAILING, check_scales, load_kv_provenance
+from qa.report.document import Block, Code, Paragraph, Section, bullets, line, table
 from qa.report.gather import ReportInputs
-from qa.textfmt import md_cell
 
 TITLE = "KV cache and scales that ran"
 HEADERS = ("arm", "engine said", "KV dtype", "stored as", "scales", "k_scale per layer", "v_scale per layer")
@@ -66,37 +64,17 @@ def finding(inp: ReportInputs, provs: dict[str, KVProvenance]) -> str | None:
     return check.message
 
 
-def markdown_section(inp: ReportInputs) -> list[str]:
-    """report.md lines of the section (none when no arm recorded provenance)."""
+def section(inp: ReportInputs) -> Section | None:
+    """The section: one row per arm, the scales rule's finding and the server's log lines (None when no arm
+    recorded provenance)."""
     provs = arm_provenance(inp)
     if not provs:
-        return []
-    lines = ["", f"## {TITLE}", ""]
-    lines.append("| " + " | ".join(HEADERS) + " |")
-    lines.append("|" + "---|" * len(HEADERS))
-    lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in provenance_rows(provs)]
+        return None
+    blocks: list[Block] = [table(HEADERS, provenance_rows(provs))]
     note = finding(inp, provs)
     if note is not None:
-        lines += ["", f"Scales check: {md_cell(note)}"]
-    logged = [(arm, line) for arm, kv in provs.items() for line in kv.log_lines]
-    lines += [f"- {md_cell(arm)} server log: `{md_cell(line)}`" for arm, line in logged]
-    return lines
-
-
-def html_section(inp: ReportInputs) -> str:
-    """report.html fragment of the section ('' when no arm recorded provenance)."""
-    provs = arm_provenance(inp)
-    if not provs:
-        return ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
-    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
-                   for row in provenance_rows(provs))
-    out = f"<h2>{escape(TITLE)}</h2><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-    note = finding(inp, provs)
-    if note is not None:
-        out += f"<p>Scales check: {escape(note)}</p>"
-    logged = [(arm, line) for arm, kv in provs.items() for line in kv.log_lines]
+        blocks.append(Paragraph(line("Scales check: ", note)))
+    logged = [line(arm, " server log: ", Code(text)) for arm, kv in provs.items() for text in kv.log_lines]
     if logged:
-        out += "<ul>" + "".join(f"<li>{escape(arm)} server log: <code>{escape(line)}</code></li>"
-                                for arm, line in logged) + "</ul>"
-    return out
+        blocks.append(bullets(logged))
+    return Section(TITLE, tuple(blocks))

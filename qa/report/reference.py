@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from qa.files.comparison import ReferenceEstimate, ReferenceStat
 from qa.files.verdict import TaskVerdict
+from qa.report.document import Paragraph, Section, line, table
 from qa.report.gather import ReportInputs
-from qa.report.table_section import html_table_section, markdown_table_section
 
 TITLE = "Reference-answer signal"
 HEADERS = ("task", "items", "delta log-prob (95% CI)", "KL (95% CI)", "KL p99", "A/A floor", "decision")
@@ -55,11 +55,7 @@ def reference_rows(inp: ReportInputs) -> list[list[str]]:
     return [reference_row(r, verdicts.get(r.task)) for r in inp.comparison.reference]
 
 
-def markdown_section(inp: ReportInputs) -> list[str]:
-    """report.md lines of the section (none when no task has reference answers)."""
-    return markdown_table_section(TITLE, CAPTION, tuple(HEADERS), reference_rows(inp))
-
-
-def html_section(inp: ReportInputs) -> str:
-    """report.html fragment of the section ('' when no task has reference answers)."""
-    return html_table_section(TITLE, CAPTION, tuple(HEADERS), reference_rows(inp))
+def section(inp: ReportInputs) -> Section | None:
+    """The section: caption and table (None when no task has reference answers)."""
+    rows = reference_rows(inp)
+    return Section(TITLE, (Paragraph(line(CAPTION)), table(HEADERS, rows))) if rows else None

@@ -5,7 +5,6 @@ summary of kv_inspect.json (one row per format)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from qa.files.comparison import (
     ArmGeneration,
@@ -16,17 +15,9 @@ from qa.files.comparison import (
     Interval,
 )
 from qa.files.verdict import RuleResult, TaskVerdict, Verdict
+from qa.report.document import Cell
 from qa.textfmt import percent, pts
 from quant.kv.inspect_report import InspectReport, LayerReport
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One table cell as plain (unescaped) text: a main value and an optional smaller second line."""
-
-    main: str
-    sub: str = ""
-
 
 HEADERS = (
     "task",

@@ -4,11 +4,10 @@ decision; where the task stopped and how many items that saved; and the items sa
 
 from __future__ import annotations
 
-from html import escape
-
 from qa.files.comparison import SequentialLook, SequentialTask
+from qa.report.document import Paragraph, Section, bullets, line, table
 from qa.report.gather import ReportInputs
-from qa.textfmt import md_cell, percent
+from qa.textfmt import percent
 
 TITLE = "Sequential looks"
 HEADERS = ("task", "look", "items (fraction)", "z crit", "level", "adjusted CI of delta", "decision")
@@ -58,29 +57,12 @@ def _planned(inp: ReportInputs, seq: SequentialTask) -> tuple[int, float]:
     return (len(tp.looks) or len(seq.looks)), tp.margin
 
 
-def markdown_section(inp: ReportInputs) -> list[str]:
-    """report.md lines of the section (none when the run had no sequential looks)."""
+def section(inp: ReportInputs) -> Section | None:
+    """The section: how the looks work, one line per task, the items saved and every look's row (None when
+    the run had no sequential looks)."""
     tasks = inp.comparison.sequential
     if not tasks:
-        return []
-    lines = ["", f"## {TITLE}", "", md_cell(HOW), ""]
-    lines += [f"- {md_cell(task_line(s, *_planned(inp, s)))}" for s in tasks]
-    lines += ["", md_cell(total_line(tasks)), ""]
-    lines.append("| " + " | ".join(HEADERS) + " |")
-    lines.append("|" + "---|" * len(HEADERS))
-    for s in tasks:
-        lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in look_rows(s, _planned(inp, s)[0])]
-    return lines
-
-
-def html_section(inp: ReportInputs) -> str:
-    """report.html fragment of the section ('' when the run had no sequential looks)."""
-    tasks = inp.comparison.sequential
-    if not tasks:
-        return ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
-    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
-                   for s in tasks for row in look_rows(s, _planned(inp, s)[0]))
-    items = "".join(f"<li>{escape(task_line(s, *_planned(inp, s)))}</li>" for s in tasks)
-    return (f"<h2>{escape(TITLE)}</h2><p>{escape(HOW)}</p><ul>{items}</ul><p>{escape(total_line(tasks))}</p>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+        return None
+    rows = [row for s in tasks for row in look_rows(s, _planned(inp, s)[0])]
+    return Section(TITLE, (Paragraph(line(HOW)), bullets([task_line(s, *_planned(inp, s)) for s in tasks]),
+                           Paragraph(line(total_line(tasks))), table(HEADERS, rows)))

@@ -5,11 +5,10 @@ or subtask) on the gated "metric,filter" (else the task's first), the candidate'
 
 from __future__ import annotations
 
-from html import escape
-
 from qa.files.slices import SliceRow, SliceTable
+from qa.report.document import Paragraph, Section, line, table
 from qa.report.gather import ReportInputs
-from qa.textfmt import md_cell, percent, pts
+from qa.textfmt import percent, pts
 
 TITLE = "Per turn depth and context length"
 DIMENSIONS = {"turn": "Per turn depth", "length": "Per context length", "kind": "Per kind of turn / subtask"}
@@ -63,27 +62,10 @@ def _heading(t: SliceTable) -> str:
     return f"{t.task}: {DIMENSIONS[t.dimension].lower()} ({t.metric}{where})"
 
 
-def markdown_section(inp: ReportInputs) -> list[str]:
-    """report.md lines of the section (none when no task has slices)."""
+def section(inp: ReportInputs) -> Section | None:
+    """The section: the caption, then one subsection per shown table (None when no task has slices)."""
     tables = shown_tables(inp)
     if not tables:
-        return []
-    lines = ["", f"## {TITLE}", "", md_cell(CAPTION)]
-    for t in tables:
-        lines += ["", f"### {md_cell(_heading(t))}", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-        lines += ["| " + " | ".join(md_cell(c) for c in slice_cells(r)) + " |" for r in t.rows]
-    return lines
-
-
-def html_section(inp: ReportInputs) -> str:
-    """report.html fragment of the section ('' when no task has slices)."""
-    tables = shown_tables(inp)
-    if not tables:
-        return ""
-    head = "".join(f"<th>{escape(h)}</th>" for h in HEADERS)
-    out = [f"<h2>{escape(TITLE)}</h2><p><small>{escape(CAPTION)}</small></p>"]
-    for t in tables:
-        body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in slice_cells(r)) + "</tr>" for r in t.rows)
-        out.append(f'<h3>{escape(_heading(t))}</h3><div class="scroll"><table><thead><tr>{head}</tr></thead>'
-                   f"<tbody>{body}</tbody></table></div>")
-    return "".join(out)
+        return None
+    subs = [Section(_heading(t), (table(HEADERS, [slice_cells(r) for r in t.rows]),)) for t in tables]
+    return Section(TITLE, (Paragraph(line(CAPTION)), *subs))

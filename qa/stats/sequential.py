@@ -34,8 +34,8 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from qa.errors import QAError
+from qa.files.policy import SPENDING
 
-SPENDING = ("obrien_fleming", "pocock", "confidence_sequence")
 # A one-sided critical z above this spends < 1e-15: treated as "no stopping here" (an OBF look at a
 # tiny fraction). Capping keeps every level and interval finite (JSON has no inf).
 Z_MAX = 8.0

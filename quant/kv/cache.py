@@ -37,7 +37,7 @@ from quant.kv.shape import RECURRENT_LAYER_TYPES, SLIDING_LAYER_TYPES, ModelKVSh
 from quant.kv.skip_layers import config_layers, skip_indices
 from quant.kv.spec import KVKind, KVQuantSpec
 from quant.kv.stream import StreamPlan
-from quant.scales.files import KVScales, load_spec_scales
+from quant.scales.files import KVScales
 
 # formats with one scale per (token, head) row: an MLA entry [kv_c | k_pe] is one row, with one scale, where
 # the emulator's two streams would have two (block formats keep blocks inside kv_c or k_pe: widths % block)
@@ -145,11 +145,12 @@ def spec_scales(spec: KVQuantSpec, scales: KVScales | None = None) -> KVScales |
             )
         return None
     if scales is None:
-        scales = load_spec_scales(spec)  # a file pair, or a folder read for the spec's format
-        if scales is None:
+        if spec.scales_file is None:
             raise QuantError(
                 "scales = 'static' needs calibrated scales: set scales_file (made by `qa calibrate`)"
             )
+        # a file pair, or a model folder read for the spec's format, taken as it is where the spec says so
+        scales = KVScales.load(spec.scales_file, kv_format=spec.format, take_as_is=spec.scales_as_is)
     return scales
 
 

@@ -4,7 +4,7 @@ read it without loading what computed it (quant.kv.inspect.inspect_kv, which re-
 
 An exact reconstruction's SQNR is inf, written as the JSON constant Infinity. `load_inspect(path)`
 raises a one-line QuantError naming the path when the file is missing or not a valid report.
-`scales_check` (FolderScalesCheck, quant.scales.check) is there when the inspected scales came from a model
+`scales_check` (FolderScalesCheck, quant.kv.scale_check) is there when the inspected scales came from a model
 folder: the fields found, the convention they declare and the one they fit against amax observed here.
 """
 

@@ -12,6 +12,9 @@ scales or in an unknown convention), and stands for `scales = "static", scales_f
 spec is dumped in (so re-reading a dumped spec never touches the folder). `scales_as_is = true` runs a
 folder's scales as it declares them even where `qa run` would refuse them (all 1.0, or numbers that fit
 another convention than declared: quant.scales.folder.resolve_folder_scales); dumped only when set.
+
+Where a spec crosses a process boundary (resolved.json, the qa_kv plugin's QA_VLLM_KV variable) it is written
+by `kv_spec_to_json` and read back by `kv_spec_from_json`, one pair for every such place.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     SerializerFunctionWrapHandler,
     StrictInt,
     ValidationError,
@@ -292,6 +296,19 @@ def kv_spec_from_dict(data: dict[str, Any]) -> KVQuantSpec:
         if not err.where:  # the spec's own consistency rules (model validators): the message says where
             raise QuantError(f"kv cache spec: {err.msg}") from None
         raise QuantError(f"kv cache spec: {where}: {err.msg}") from None
+
+
+def kv_spec_to_json(spec: KVQuantSpec) -> dict[str, JsonValue]:
+    """The spec as JSON data, every field written out (its dump: a model folder as static + scales_file); what
+    resolved.json and the QA_VLLM_KV variable carry, read back by `kv_spec_from_json`."""
+    return spec.model_dump(mode="json")
+
+
+def kv_spec_from_json(data: JsonValue) -> KVQuantSpec:
+    """The spec `kv_spec_to_json` wrote (or any JSON object of the kv table's keys); QuantError otherwise."""
+    if not isinstance(data, dict):
+        raise QuantError(f"kv cache spec: a JSON object of the kv table's keys, got {type(data).__name__}")
+    return kv_spec_from_dict(data)
 
 
 def unknown_key_message(where: str) -> str:

@@ -11,8 +11,8 @@ ModelOpt's), read by `resolve_folder_scales` for the KV format that will read th
 own format when not given): `k_amax` is the amax each stored number stands for in the convention the folder
 declares, `k_scale` the decode scale of that format, and where the format reads a tensor-scale convention
 the amax is the one that gives exactly the converted decode scale (amax_for_decode), so a folder already in
-the format's convention round-trips to the bit. `load_spec_scales(spec)` is the same for a kv spec (its
-format, `scales_as_is`).
+the format's convention round-trips to the bit (quant.kv.cache reads a kv spec's scales so: its format,
+`scales_as_is`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from quant.errors import QuantError
 from quant.fileio import atomic_write_bytes, scales_paths
 from quant.formats.registry import get_format
-from quant.kv.spec import KVQuantSpec
 from quant.scales.folder import FolderScales, ResolvedScales, read_folder_scales, resolve_folder_scales
 from quant.validation import first_error
 
@@ -196,14 +195,6 @@ class KVScales:
             data=CalibrationData(name=f"{fs.folder.name} (checkpoint)", sha256=fs.values_sha256(), n_samples=0, seq_len=0),
             seed=0)
         return cls(**tensors, meta=meta)
-
-
-def load_spec_scales(spec: KVQuantSpec) -> KVScales | None:
-    """The static scales a kv spec names (None unless scales = 'static' with a scales_file): a file pair, or
-    a model folder resolved for the spec's format, taken as it is when the spec says `scales_as_is`."""
-    if spec.scales != "static" or spec.scales_file is None:
-        return None
-    return KVScales.load(spec.scales_file, kv_format=spec.format, take_as_is=spec.scales_as_is)
 
 
 def _recorded_meta(fs: FolderScales, fmt: str, granularity: Granularity) -> ScalesMeta | None:

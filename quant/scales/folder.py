@@ -299,7 +299,7 @@ def scales_files(path: Path) -> list[Path]:
 
 
 class ObservedAmax(BaseModel):
-    """amax per layer observed here (quant.scales.check.observe_amax): what a folder's numbers are fitted against."""
+    """amax per layer observed here (quant.kv.scale_check.observe_amax): what a folder's numbers are fitted against."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -25,7 +25,7 @@ return in their FP8 bytes, not re-quantized), so the window is the one a pass en
   run's except where they depend only on cached values (the first layer's, when it is a sliding one),
   by design (vLLM: "not bit-identical to a cold run"); with the first layer the only sliding one and
   W >= its window - 1 the cache after a hit is the cold one. vLLM 0.32 replays no Gemma-3 layer: the
-  report labels such a run (qa.report.serving).
+  report labels such a run (qa.report.cache_path).
   Without replay, a sliding layer's state exists only at an entry's end (its evicted positions are
   gone), so a hit is a whole entry that the prompt extends (vLLM's retention of the latest prompt
   boundary only, `prefix_cache_retention_interval = 0`).

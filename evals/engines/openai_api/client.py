@@ -5,7 +5,8 @@ Traffic goes only to `base_url` / the `base_urls` replicas (no redirects, no pro
 environment). The key is read from the environment variable named by `api_key_env` and lives only in
 the client's headers. Transient failures (connection errors, timeouts, 408/409/425/429/5xx) are
 retried with exponential backoff and jitter drawn from an RNG seeded by (seed, request number,
-attempt); other HTTP errors are not.
+attempt); other HTTP errors are not. The client counts the attempts that failed so (`failed_attempts`): the
+server may have computed tokens for them that no response shows.
 
 Replicas: request number k starts on replica k mod n (round robin); `concurrency` bounds the requests
 in flight over all of them. A replica that fails transiently is skipped by every request until its
@@ -105,6 +106,7 @@ class ApiClient:
         self._pool = ThreadPoolExecutor(max_workers=args.concurrency, thread_name_prefix="openai-engine")
         self._counter = 0  # numbers requests so each one's jitter stream is fixed by the seed
         self._lock = threading.Lock()
+        self.failed_attempts = 0  # attempts that failed transiently (timed out, cut off, 408/429/5xx, not JSON)
 
     def backoff_s(self, key: int, attempt: int) -> float:
         """Seconds to wait before retry `attempt` (0-based) of request `key`: exponential, capped,
@@ -151,6 +153,8 @@ class ApiClient:
                     retry_after = retry_after_s(resp)
                 else:
                     raise RequestRejected(f"HTTP {resp.status_code}: {resp.text[:300]}")
+            with self._lock:
+                self.failed_attempts += 1
             wait = self.backoff_s(key, attempt)
             if retry_after is not None:
                 wait = max(wait, min(retry_after, self.args.backoff_max_s))

@@ -10,6 +10,11 @@ log-probabilities back, as lm-eval's `local-completions` does. A server that doe
 ignores `echo`) is detected by a probe and refused for those tasks with an EngineError, never
 answered with wrong numbers. A request that still fails after the client's retries is answered with
 `base.Failure(error)` in its slot.
+
+Against a vLLM server `qa run` started with a `kv` table (evals.servers.start), the engine reads the qa_kv
+plugin's per-layer counts and the server's token counters at its start and at `close`, and checks them
+(`kv_execution`, evals.engines.vllm.kv.server_counts); a count that does not match refuses the arm at close.
+A server the toolkit did not start is not counted (`kv_execution` stays None).
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ from evals.engines.openai_api.client import ApiClient, RequestRejected, RetriesE
 from evals.engines.openai_api.prefix_cache import ServerPrefixCache, response_tokens
 from evals.engines.openai_api.sampling import ServerKind, check_sampling, kind_from_models, sampling_body
 from evals.engines.stops import cut_at_stop
+from evals.engines.vllm.kv.proof import refuse_unexecuted
+from evals.engines.vllm.kv.record import KVExecution
+from evals.engines.vllm.kv.server_counts import ServedWatch, is_counted
 from evals.errors import EngineError
 from evals.models.resolve import ResolvedModel
 from evals.offline import hub_mode, hub_offline
@@ -110,9 +118,12 @@ class OpenAIEngine:
         self._lock = threading.Lock()
         self._tokenizer: Any = tokenizer  # loaded on first use: generation needs none
         self._echo_ok: bool | None = args.echo
+        self.kv_execution: KVExecution | None = None  # the qa_kv plugin's checked counts (a counted server), at close
         try:
             self.served_model = args.served_model or self.client.served_model()
             self.server_kind: ServerKind = args.server_kind or self._detect_kind()
+            counted = len(self.client.replicas) == 1 and is_counted(self.base_url)
+            self._kv_watch = ServedWatch.start(self.client.replicas[0].http, self.base_url) if counted else None
         except BaseException:
             self.client.close()
             raise
@@ -169,7 +180,13 @@ class OpenAIEngine:
             raise EngineError(f"{self.base_url}: {NO_SCORING_HINT}")
 
     def _completion(self, payload: Mapping[str, JsonValue], key: int) -> Mapping[str, Any]:
-        return self.client.completion(self.served_model, payload, key)
+        return self._watched(self.client.completion(self.served_model, payload, key))
+
+    def _watched(self, body: Mapping[str, Any]) -> Mapping[str, Any]:
+        """`body`, noted by the qa_kv count's watch when the server is counted (its stop strings)."""
+        if self._kv_watch is not None:
+            self._kv_watch.response(body)
+        return body
 
     def _require_echo(self) -> None:
         """Probe once whether the server echoes prompt log-probs with token ids; EngineError if not."""
@@ -199,7 +216,7 @@ class OpenAIEngine:
             check_chat_requests(requests, self.base_url)
 
             def chat(req: base.GenerateRequest, key: int) -> base.GenerateResult:
-                body = self.client.chat(self.served_model, chat_payload(req, self.server_kind), key)
+                body = self._watched(self.client.chat(self.served_model, chat_payload(req, self.server_kind), key))
                 return parse_chat(body, req, self._count_tokens)
 
             return self.client.map(chat, requests)
@@ -330,8 +347,16 @@ class OpenAIEngine:
         return self.client.map(one, encoded)
 
     def close(self) -> None:
-        """Stop the worker threads and close the connections."""
-        self.client.close()
+        """Stop the worker threads and close the connections; against a counted server, first read and check
+        every layer's rewrite counts (`kv_execution`), and then EngineError when they refuse the arm."""
+        watch, self._kv_watch = getattr(self, "_kv_watch", None), None
+        try:
+            if watch is not None:
+                self.kv_execution = watch.finish(self.client.failed_attempts)
+        finally:
+            self.client.close()
+        if watch is not None and self.kv_execution is not None:
+            refuse_unexecuted(self.kv_execution)
 
 
 def build(model: ResolvedModel, args: OpenAIArgs) -> OpenAIEngine:

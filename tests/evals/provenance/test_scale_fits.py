@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.provenance.engines import KVProvenance
+from evals.provenance.record import KVProvenance
 from evals.provenance.scale_fits import FITS_DIR, fit_path, load_observed, save_observed
 from evals.records.arm_file import ARM_FILE
 from evals.run.arm import parse_arm, run_arm

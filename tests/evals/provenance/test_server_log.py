@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from evals.provenance.server_log import SCALE_DEFAULTED, server_provenance
+from evals.provenance.server_log import SCALE_DEFAULTED, log_provenance
 
 CONFIG_LINE = ("(APIServer pid=7) INFO 12-01 13:50:39 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with "
                "config: model='/models/m', dtype=torch.bfloat16, max_seq_len=256, quantization={q}, "
@@ -24,7 +24,7 @@ LLAMACPP_LINE = ("llama_kv_cache: size = 12.00 MiB (  4096 cells,  30 layers,  1
     ([CONFIG_LINE.format(q="None", kv="auto")], "unquantized", False),
 ])
 def test_vllm_server_log(lines: list[str], origin: str, expected: bool) -> None:
-    prov = server_provenance("\n".join(["(APIServer pid=7) INFO starting", *lines, "INFO done"]))
+    prov = log_provenance("\n".join(["(APIServer pid=7) INFO starting", *lines, "INFO done"]))
     assert prov is not None and prov.source == "vllm-server"
     assert (prov.scales_origin, prov.scales_expected) == (origin, expected)
     assert all("with config" not in line for line in prov.log_lines)  # the long config line is not kept
@@ -32,8 +32,8 @@ def test_vllm_server_log(lines: list[str], origin: str, expected: bool) -> None:
 
 
 def test_llamacpp_and_silent_logs() -> None:
-    prov = server_provenance(f"srv load\n{LLAMACPP_LINE}\n")
+    prov = log_provenance(f"srv load\n{LLAMACPP_LINE}\n")
     assert prov is not None and (prov.source, prov.kv_dtype, prov.scales_origin) == ("llamacpp-server", "q8_0", "dynamic")
-    f16 = server_provenance(LLAMACPP_LINE.replace("q8_0", "f16"))
+    f16 = log_provenance(LLAMACPP_LINE.replace("q8_0", "f16"))
     assert f16 is not None and f16.scales_origin == "unquantized"
-    assert server_provenance("nothing about the cache here\n") is None
+    assert log_provenance("nothing about the cache here\n") is None

@@ -1,40 +1,53 @@
-"""evals.servers.spec: a vLLM server's `kv` table parsed once, in one place (VllmServerSpec.kv_spec), and the
-specs' fields as the resolved record stores them."""
+"""evals.servers.spec: a vLLM server's `kv` is a typed KVQuantSpec, and a server spec's JSON form (what
+resolved.json keeps) round-trips through server_spec_to_json / server_spec_from_json, its `kv` written as
+quant.kv.spec.kv_spec_to_json writes it."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+import json
 from pathlib import Path
 
 import pytest
-from pydantic import TypeAdapter
 
-from evals.errors import EngineError
-from evals.servers.spec import VllmServerSpec
-from quant.kv.spec import kv_spec_from_dict
+from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec, server_spec_from_json, server_spec_to_json
+from quant.errors import QuantError
+from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
 
-KV = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
-
-
-def test_the_kv_table_is_parsed_once_per_spec(tmp_path: Path) -> None:
-    spec = VllmServerSpec(model=tmp_path, kv=KV)
-    parsed = spec.kv_spec
-    assert parsed == kv_spec_from_dict(dict(KV)) and parsed is not None and parsed.format == "nvfp4"
-    assert spec.kv_spec is parsed  # cached: the same object every time
-    assert VllmServerSpec(model=tmp_path).kv_spec is None  # no table: the plugin is off
+KV = kv_spec_from_dict({"format": "nvfp4", "scales": "constant", "constant_scale": 0.004, "skip_layers": [0]})
 
 
-def test_a_kv_table_that_is_not_a_spec_is_one_engine_error(tmp_path: Path) -> None:
-    with pytest.raises(EngineError, match=r"^vllm server: .*nvfp5") as err:
-        _ = VllmServerSpec(model=tmp_path, kv={"format": "nvfp5"}).kv_spec
+def test_a_vllm_server_spec_round_trips_through_its_json_form(tmp_path: Path) -> None:
+    spec = VllmServerSpec(model=tmp_path, args={"max_model_len": 2048, "x": {"a": [1]}}, python="py",
+                          env={"A": "1"}, kv=KV)
+    data = server_spec_to_json(spec)
+    assert data["model"] == str(tmp_path) and data["kv"] == KV.model_dump(mode="json")  # every field written out
+    back = server_spec_from_json("vllm", json.loads(json.dumps(data)))  # through a file's text
+    assert back == spec and isinstance(back, VllmServerSpec) and isinstance(back.kv, KVQuantSpec)
+    assert server_spec_to_json(VllmServerSpec(model=tmp_path))["kv"] is None
+    assert server_spec_from_json("vllm", server_spec_to_json(VllmServerSpec(model=tmp_path))).kv is None
+
+
+def test_a_json_form_written_before_still_loads(tmp_path: Path) -> None:
+    """The form resolved.json has always kept: the fields, paths as strings, `kv` as the spec's full dump."""
+    written = {"model": str(tmp_path), "served_model_name": "model", "args": {}, "python": "python", "env": {},
+               "kv": {"format": "int4", "layer_formats": {"3": "none"}, "skip_layers": [0], "scales": "dynamic",
+                      "scales_file": None, "constant_scale": None, "recent_window": 0, "recent_format": "fp8_e4m3",
+                      "prefill_reads_quantized": True, "scale_multiplier": 1.0, "v_scale_layout": "linear",
+                      "corrupt_block_fraction": 0.0, "corrupt_seed": 0}}
+    back = server_spec_from_json("vllm", written)
+    assert isinstance(back, VllmServerSpec) and back.kv is not None
+    assert back.kv.format == "int4" and back.kv.layer_formats == {3: "none"} and back.kv.skip_layers == (0,)
+    assert server_spec_to_json(back) == written
+
+
+def test_a_kv_that_is_not_a_spec_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(QuantError, match=r"^kv cache spec: format: .*nvfp5") as err:
+        server_spec_from_json("vllm", {"model": str(tmp_path), "kv": {"format": "nvfp5"}})
     assert "\n" not in str(err.value)
 
 
-def test_the_parsed_table_is_not_a_field(tmp_path: Path) -> None:
-    """What resolved.json stores (asdict) and reads back (a TypeAdapter) is the spec's fields only."""
-    spec = VllmServerSpec(model=tmp_path, kv=KV)
-    assert spec.kv_spec is not None
-    fields = asdict(spec)
-    assert "kv_spec" not in fields and fields["kv"] == KV
-    back = TypeAdapter(VllmServerSpec).validate_python(fields)
-    assert back == spec and back.kv_spec == spec.kv_spec
+def test_a_llamacpp_server_spec_round_trips(tmp_path: Path) -> None:
+    spec = LlamaCppServerSpec(gguf=tmp_path / "m.gguf", cache_type_k="q8_0", n_ctx=4096, env={"B": "2"})
+    data = server_spec_to_json(spec)
+    assert "kv" not in data and data["gguf"] == str(tmp_path / "m.gguf")
+    assert server_spec_from_json("llamacpp", data) == spec

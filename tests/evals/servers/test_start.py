@@ -23,6 +23,7 @@ from evals.servers.commands import vllm_server_command
 from evals.servers.process import free_port
 from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from evals.servers.start import start_server
+from quant.kv.spec import kv_spec_from_dict
 from tests.evals.engines.openai_api.fake_server import engine_at
 from tests.processes import alive
 from tests.vllm_env import vllm_python_or_skip
@@ -77,11 +78,11 @@ def test_a_kv_server_is_refused_and_stopped_unless_the_plugin_logged_its_record(
     (tmp_path / "record.txt").write_text(record.line())
     pid_file, log = tmp_path / "pid", tmp_path / "server.log"
     env = {"FAKE_PID": str(pid_file), "FAKE_RECORD": str(tmp_path / "record.txt")}
-    with start_server(VllmServerSpec(model=tmp_path, python=str(fake), env=env, kv=KV), log_path=log,
+    with start_server(VllmServerSpec(model=tmp_path, python=str(fake), env=env, kv=kv_spec_from_dict(KV)), log_path=log,
                       ready_timeout_s=30) as server:
         assert server.pid == int(pid_file.read_text())  # the record was logged: the server runs
     assert not alive(server.pid)
-    silent = VllmServerSpec(model=tmp_path, python=str(fake), env={"FAKE_PID": str(pid_file)}, kv=KV)
+    silent = VllmServerSpec(model=tmp_path, python=str(fake), env={"FAKE_PID": str(pid_file)}, kv=kv_spec_from_dict(KV))
     with pytest.raises(EngineError, match=r"server's log .*recorded no model load") as err:
         start_server(silent, log_path=log, ready_timeout_s=30)  # the first start's record does not count
     assert "\n" not in str(err.value) and record.line() in log.read_text()

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file
 
 from qa.pipeline.calibration import calibrate_model
-from quant.scales.calibrate import CalibrationSpec
+from quant.kv.calibrate import CalibrationSpec
 from quant.scales.export import SCALES_FILE
 from quant.scales.files import KVScales
 from quant.scales.folder import CONVENTION_FILE

@@ -12,7 +12,7 @@ import pytest
 import statsmodels.api as sm
 
 from qa.compare.arms import Arm, compare_arms
-from qa.compare.serving import standard_records
+from qa.compare.cache_path import standard_records
 from qa.compare.slices import length_bucket, primary_path, slice_of, slice_tables, turn_bucket
 from qa.files.comparison import Comparison, StatsSettings, load_comparison, save_comparison
 from tests.qa.compare.slices_fixtures import KEY, arm, rec

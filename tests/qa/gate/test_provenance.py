@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from evals.engines.vllm.kv.record import KVExecution
-from evals.provenance.engines import KVProvenance, LayerScales
+from evals.provenance.record import KVProvenance, LayerScales
 from evals.records.arm_file import ARM_FILE, ArmIdentity, ArmManifest, EngineSummary
 from qa import api
 from qa.files.policy import default_policy, default_policy_text, parse_policy

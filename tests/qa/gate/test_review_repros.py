@@ -1,4 +1,4 @@
-"""Regression tests for the statistics defects found in review (issue 13), with its numbers."""
+"""Regression tests for the statistics defects found in review, with the numbers of each."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`qa run --dry-run` of the long-session and retrieval tasks (issue 25): their options refused in one line
+"""`qa run --dry-run` of the long-session and retrieval tasks: their options refused in one line
 before anything loads, and the power plan showing what each runs, planned on the items its gated estimate
 pairs (a session task: its turns on one cache path, not every path's)."""
 

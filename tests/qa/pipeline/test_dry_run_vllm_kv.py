@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from evals.engines.vllm.kv.spec import PLUGIN_ENV
+from evals.errors import EngineError
 from evals.servers.interpreter import VLLM_PYTHON_ENV
 from qa import api
 from qa.errors import SpecError
 from qa.files.spec import load_spec, parse_spec
 from qa.pipeline.dry_run import PlannedArm
+from quant.kv.spec import KVQuantSpec, kv_spec_from_dict, kv_spec_from_json, kv_spec_to_json
 from tests.shared_data import shared_data_dir
 from tests.vllm_env import vllm_python_or_skip
 
@@ -32,25 +34,27 @@ def _plan(text: str) -> dict[str, PlannedArm]:
     return {a.name: a for a in api.dry_run(parse_spec(text), data_dir=shared_data_dir()).arms}
 
 
-def _switch(arm: PlannedArm) -> dict[str, object]:
+def _switch(arm: PlannedArm) -> KVQuantSpec:
     """The kv spec the arm's plugin note says QA_VLLM_KV carries."""
     [note] = [n for n in arm.notes if n.startswith("K/V format emulated in vLLM by the qa_kv plugin")]
     variables = note.split("switched on with ", 1)[1].rsplit(" for ", 1)[0]
     assignment = next(w for w in shlex.split(variables) if w.startswith(PLUGIN_ENV))
-    return json.loads(assignment.split("=", 1)[1])
+    return kv_spec_from_json(json.loads(assignment.split("=", 1)[1]))
 
 
 def test_the_plugin_switch_is_shown_beside_each_arm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "no-python"))  # no vLLM: the dry run still shows it
     plan = _plan(HEAD.replace("engine_args", "") + OFFLINE + SERVED)
     assert not [n for n in plan["baseline"].notes if "qa_kv" in n]  # no kv table: the plugin stays off
-    assert _switch(plan["offline"]) == {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
+    assert _switch(plan["offline"]) == kv_spec_from_dict({"format": "nvfp4", "scales": "constant", "constant_scale": 0.004})
     assert "kv" not in plan["offline"].engine_args  # vLLM's LLM(...) never sees it
-    assert _switch(plan["served"]) == {"format": "int4", "skip_layers": [0]}
+    int4 = kv_spec_from_dict({"format": "int4", "skip_layers": [0]})
+    assert _switch(plan["served"]) == int4
     served = plan["served"].server
     assert served is not None
     words = shlex.split(served["command"])
-    assert words[0] == f'{PLUGIN_ENV}={{"format":"int4","skip_layers":[0]}}'  # the command's own prefix
+    assert words[0].startswith(f"{PLUGIN_ENV}=")  # the command's own prefix: the spec as resolved.json keeps it
+    assert json.loads(words[0].split("=", 1)[1]) == kv_spec_to_json(int4)
     assert words[1] == "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY=QA_VLLM_KV,QA_VLLM_KV_RECORD"  # Ray workers get both
     assert words[3:5] == ["-m", "vllm.entrypoints.openai.api_server"]
 
@@ -63,8 +67,6 @@ def test_the_plugin_switch_is_shown_beside_each_arm(monkeypatch: pytest.MonkeyPa
     ('[arms.c]\nengine = "vllm"\nengine_args = { kv = { format = "fp8_e4m3" } }\n', "no per-sequence scale"),
     ('[arms.c]\nengine = "vllm"\nengine_args = { kv_cache_dtype = "fp8", kv = { format = "mxfp4" } }\n',
      "quantized twice"),
-    (('[arms.c]\nengine = "openai"\nserver = { kind = "vllm", args = { kv_cache_dtype = "fp8" }, kv = { format = '
-     '"int4" } }\n'), "quantized twice"),
     ('[arms.c]\nengine = "openai"\nserver = { kind = "llamacpp", kv = { format = "int4" } }\n',
      "kv: not a setting of a llamacpp server"),
     (('[arms.c]\nengine = "vllm"\nengine_args = { kv = { format = "nvfp4", profile = "flashinfer-nvfp4", scales = '
@@ -73,6 +75,17 @@ def test_the_plugin_switch_is_shown_beside_each_arm(monkeypatch: pytest.MonkeyPa
 def test_what_vllm_cannot_honour_is_one_line_before_any_arm_starts(arm: str, match: str) -> None:
     with pytest.raises(SpecError, match=match) as err:
         parse_spec(HEAD + arm)
+    assert "\n" not in str(err.value)
+
+
+def test_a_served_kv_vllm_cannot_honour_is_refused_once_where_the_run_is_resolved(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "no-python"))
+    served = ('[arms.c]\nengine = "openai"\nserver = { kind = "vllm", args = { kv_cache_dtype = "fp8" }, kv = { '
+              'format = "int4" } }\n')
+    spec = parse_spec(HEAD + served)  # the table parses: the check is resolve's (evals.engines.vllm.kv.spec)
+    with pytest.raises(EngineError, match=r"^arm 'c': vllm server: kv cache spec: .*quantized twice") as err:
+        api.dry_run(spec, data_dir=shared_data_dir())
     assert "\n" not in str(err.value)
 
 
@@ -92,8 +105,8 @@ def test_the_deepseek_example_emulates_nvfp4_on_the_candidates_that_name_it(monk
         notes = [n for n in arm.notes if "qa_kv plugin" in n]
         assert bool(notes) == emulated
         if emulated:
-            assert _switch(arm) == {"format": "nvfp4", "scales": "static",
-                                    "scales_file": "/models/DeepSeek-V4.1-Flash-NVFP4"}
+            assert _switch(arm) == kv_spec_from_dict({"format": "nvfp4", "scales": "static",
+                                                      "scales_file": "/models/DeepSeek-V4.1-Flash-NVFP4"})
 
 
 @pytest.mark.vllm

@@ -1,26 +1,33 @@
 """qa.pipeline.resolve: a spec resolved once. Its tasks' data are read once for everything before the arms
-(preflight, dry run, power plan), the record a worker reads builds the same arms (equal configs and arm.json
+(preflight, dry run, power plan), each model is looked up once and nowhere after, a server's kv spec is one
+typed object from the spec to what a worker reads back, the record a worker reads builds the same arms (equal configs and arm.json
 fingerprints), the policy is recorded with its file and bytes; and resolve_task_options: a spec's [chat]
 defaults reach the tasks that can chat, with lm-eval's multiturn default."""
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+import qa.pipeline.resolve
 from evals import data
-from evals.models.resolve import resolve_model
+from evals.models.resolve import ResolvedModel, resolve_model
 from evals.run.arm import arm_manifest
 from evals.run.selection import select_items
+from evals.servers.spec import VllmServerSpec
 from qa.files.resolved_json import ResolvedRecord, text_sha256
 from qa.files.spec import ChatSettings, TaskSpec, parse_spec
 from qa.pipeline.dry_run import dry_run
+from qa.pipeline.fits import check_items_fit
 from qa.pipeline.preflight import preflight
 from qa.pipeline.resolve import resolve_run, resolve_task_options
-from qa.pipeline.resolved_run import ResolvedRun, arm_config, arm_tasks
+from qa.pipeline.resolved_run import ResolvedRun, arm_config, arm_tasks, server_spec
+from qa.pipeline.resume import arm_complete
 from qa.plan.power import plan_run
+from quant.kv.spec import KVQuantSpec, kv_spec_to_json
 from tests.shared_data import shared_data_dir
 
 
@@ -117,3 +124,55 @@ def test_the_policy_is_recorded_with_its_file_and_bytes(tmp_path: Path) -> None:
     run.rd.save_resolved(run.record, run.policy.text)
     assert run.rd.recorded_policy() == run.policy.policy
     assert run.rd.load_resolved() == run.record
+
+
+def test_each_model_is_resolved_once_and_nothing_after_resolve_looks_it_up(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    looked_up: Counter[str] = Counter()
+    real = qa.pipeline.resolve.resolve_model
+
+    def counted(name: str) -> ResolvedModel:
+        looked_up[name] += 1
+        return real(name)
+
+    monkeypatch.setattr(qa.pipeline.resolve, "resolve_model", counted)
+    run, _ = _resolved(tmp_path)
+    assert looked_up == {"smollm2-135m": 1}  # two arms, one model: one lookup
+
+    def refused(name: str) -> ResolvedModel:
+        raise AssertionError(f"{name} looked up again after resolve")
+
+    for module in [m for n, m in list(sys.modules.items()) if n.startswith("qa.pipeline.")]:
+        if hasattr(module, "resolve_model"):
+            monkeypatch.setattr(module, "resolve_model", refused)
+    dry_run(run, preflight(run, strict=False))
+    check_items_fit(run)
+    assert not any(arm_complete(run, a) for a in run.arms)  # no records yet; the model is the resolved one
+
+
+SERVED = """
+name = "served"
+model = "smollm2-135m"
+[arms.baseline]
+engine = "openai"
+server = { kind = "vllm", args = { max_model_len = 2048 } }
+[arms.candidate]
+engine = "openai"
+server = { kind = "vllm", args = { max_model_len = 2048 }, kv = { format = "int4", skip_layers = [0] } }
+[[tasks]]
+name = "arc_easy"
+limit = 2
+"""
+
+
+def test_a_servers_kv_spec_is_one_typed_object_from_the_spec_to_the_worker(tmp_path: Path) -> None:
+    spec = parse_spec(SERVED)
+    run = resolve_run(spec, tmp_path / "run", data_dir=shared_data_dir("arc_easy"), spec_dir=tmp_path)
+    cand = run.arm("candidate")
+    assert isinstance(cand.server, VllmServerSpec) and cand.server.kv is spec.arms["candidate"].server.kv  # type: ignore[union-attr]
+    assert cand.record.server is not None and cand.record.server.spec["kv"] == kv_spec_to_json(cand.server.kv)
+    run.rd.save_resolved(run.record, run.policy.text)
+    back = server_spec(run.rd.load_resolved().arm("candidate"))  # what the worker starts
+    assert back == cand.server and isinstance(back, VllmServerSpec) and isinstance(back.kv, KVQuantSpec)
+    base = server_spec(run.record.arm("baseline"))
+    assert isinstance(base, VllmServerSpec) and base.kv is None

@@ -31,3 +31,12 @@ def test_forest_plot_with_two_gate_levels() -> None:
         plots.ForestRow("b", -0.03, None, (-0.05, -0.01), 0.01, "fail", gate_level=0.95),
     ]
     assert plots.forest_plot(rows)[:8] == PNG_MAGIC
+
+
+def test_forest_plot_with_a_reference_panel() -> None:
+    rows = [plots.ForestRow("gsm8k", 0.0, (-0.145, 0.145), (-0.19, 0.19), 0.02, "inconclusive")]
+    ref = [plots.ReferenceRow("gsm8k: delta log-prob", -0.065, (-0.098, -0.032), (-0.105, -0.025), -0.15, "pass"),
+           plots.ReferenceRow("gsm8k: KL", 0.084, (0.067, 0.1), (0.063, 0.104), 0.15, "pass")]
+    with_ref, alone = plots.forest_plot(rows, ref), plots.forest_plot(rows)
+    assert with_ref[:8] == alone[:8] == PNG_MAGIC and with_ref != alone
+    assert plots.forest_plot([], ref)[:8] == PNG_MAGIC  # reference rows only

@@ -7,6 +7,7 @@ from pathlib import Path
 from qa.files.comparison import ReferenceEstimate, save_comparison
 from qa.files.policy import default_policy
 from qa.files.rundir import RunDir
+from qa.report.build import build_document
 from qa.report.figures import Figures
 from qa.report.gather import gather
 from qa.report.html import render_html
@@ -19,10 +20,11 @@ def test_report_table_shows_each_task_and_not_available(tmp_path: Path) -> None:
     comp = comparison(ref("gsm8k", -0.0123, 0.0456), na)
     save_comparison(RunDir(tmp_path).comparison, comp)
     inp = gather(tmp_path, default_policy())
-    md = render_markdown(inp)
+    doc = build_document(inp, Figures(forest=None, flips=None, kl=(), kv=None))
+    md = render_markdown(doc, {})
     assert "## Reference-answer signal" in md
     assert "| gsm8k | 20 (1000 tokens) | \\-0.0123 [-0.0165, -0.0081] | 0.0456 [0.0414, 0.0498] |" in md  # md-escaped
     assert "pass (decides)" in md
     assert "| needle | 0 | not available | not available |" in md
-    page = render_html(inp, Figures(forest=None, flips=None, kl=[], kv=None))
+    page = render_html(doc)
     assert "<h2>Reference-answer signal</h2>" in page and "not available" in page

@@ -160,7 +160,7 @@ def test_report_without_records_or_kv(tmp_path: Path) -> None:
         p.unlink()
     page = render(run).html.read_text()
     assert "SQNR" not in page and "KV-cache" not in page
-    assert "None recorded" in page
+    assert "none recorded" in page
 
 
 def test_a_regate_shows_only_the_new_policys_verdict_and_warnings(tmp_path: Path) -> None:

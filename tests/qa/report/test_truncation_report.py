@@ -73,7 +73,7 @@ def test_report_files_show_the_truncation(run: Path) -> None:
     assert "## Truncation and output length" in md and "| 60 / 300 = 20.0%<br>95% [" in md
     assert "1.0% → 20.0%" in md
     assert f"- {TASK} doc4#0 regression: target 42; baseline 42; candidate 7 (truncated: candidate)" in md
-    assert "regression (truncated: candidate)" in page
+    assert "doc4#0 regression: target 42; baseline 42; candidate 7 (truncated: candidate)" in page
     assert "<b>Truncated outputs.</b>" in page and "<h2>Truncation and output length</h2>" in page
     assert "60 / 300 = 20.0%" in page and "1.0% → 20.0%" in page
 

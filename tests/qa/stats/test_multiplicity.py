@@ -1,5 +1,5 @@
-"""qa.stats.multiplicity and the Wilson interval of qa.stats.basic against statsmodels (the oracle the
-runtime no longer imports: it cost about a second of every `qa gate`) and hand-computed values."""
+"""qa.stats.multiplicity and the Wilson interval of qa.stats.basic against statsmodels (an oracle the
+runtime does not import: it would cost about a second of every `qa gate`) and hand-computed values."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import pytest
 from scipy import optimize, stats
 
 from qa.errors import QAError
+from qa.files.policy import SPENDING
 from qa.stats.sequential import (
-    SPENDING,
     Z_MAX,
     Design,
     adjusted_level,

@@ -18,11 +18,11 @@ from quant.errors import QuantError
 from quant.formats.minifloat import e4m3_from_bytes
 from quant.formats.registry import get_format
 from quant.kv.cache import make_cache
+from quant.kv.calibrate import CalibrationSpec, calibrate
 from quant.kv.layer import QuantizedKVLayer
 from quant.kv.plain import make_plain_cache
 from quant.kv.shape import model_kv_shape
 from quant.kv.spec import KVQuantSpec
-from quant.scales.calibrate import CalibrationSpec, calibrate
 from tests.tiny_models import TINY_FAMILIES, padded_ids, tiny_family, tiny_family_config
 
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import save_file  # a scales folder written without torch
 
 from quant.errors import QuantError
-from quant.kv.spec import kv_spec_from_dict
+from quant.kv.spec import kv_spec_from_dict, kv_spec_from_json, kv_spec_to_json
 
 
 def test_spec_validation_errors_are_one_line_quant_errors():
@@ -92,3 +92,25 @@ def test_scales_may_name_a_model_folder_checked_once_without_torch(tmp_path):
     (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
     with pytest.raises(QuantError, match="unknown convention"):
         kv_spec_from_dict({"scales": str(folder)})
+
+
+@pytest.mark.parametrize("given", [
+    {"format": "nvfp4", "scales": "constant", "constant_scale": 1},
+    {"format": "int4", "layer_formats": {3: "none", 5: "int8"}, "skip_layers": [0, "sliding_window"]},
+    {"format": "fp8_e4m3", "scales": "static", "scales_file": "/models/m", "profile": None},
+    {"format": "nvfp4", "recent_window": 8, "prefill_reads_quantized": False, "query_format": "fp8_e4m3"},
+])
+def test_the_json_pair_round_trips_through_text(given: dict) -> None:
+    spec = kv_spec_from_dict(given)
+    data = kv_spec_to_json(spec)
+    assert data == spec.model_dump(mode="json")  # every field written out: the form resolved.json has kept
+    back = kv_spec_from_json(json.loads(json.dumps(data)))
+    assert back == spec and kv_spec_to_json(back) == data
+    assert type(back.constant_scale) is type(spec.constant_scale)  # a 1 stays 1 (arm.json fingerprints it)
+
+
+def test_json_that_is_not_an_object_is_one_quant_error() -> None:
+    with pytest.raises(QuantError, match="^kv cache spec: a JSON object of the kv table's keys, got list$"):
+        kv_spec_from_json(["nvfp4"])
+    with pytest.raises(QuantError, match="unknown key 'fromat'"):
+        kv_spec_from_json({"fromat": "nvfp4"})

@@ -17,8 +17,8 @@ from qa.pipeline.calibration import calibrate_model
 from quant.errors import QuantError
 from quant.formats.registry import get_format
 from quant.kv.cache import make_cache
+from quant.kv.calibrate import CalibrationSpec
 from quant.kv.spec import kv_spec_from_dict
-from quant.scales.calibrate import CalibrationSpec
 from quant.scales.export import SCALES_FILE, export_model_folder
 from quant.scales.files import KVScales, amax_for_decode
 from quant.scales.folder import (

@@ -15,8 +15,8 @@ from evals.models.load import load_model
 from evals.models.resolve import resolve_model
 from qa.pipeline.calibration import load_prompts
 from quant.kv.cache import make_cache
+from quant.kv.scale_check import observe_amax
 from quant.kv.spec import kv_spec_from_dict
-from quant.scales.check import observe_amax
 from quant.scales.files import KVScales
 from quant.scales.folder import read_folder_scales, resolve_folder_scales
 from tests.llmc_folders import LlmcFolders, llmc_folders
@@ -98,7 +98,7 @@ def test_the_emulated_cache_stores_with_the_converted_scales(made: LlmcFolders, 
     fs = read_folder_scales(folder)
     loaded = KVScales.load(folder, kv_format="nvfp4")
     for i, layer in enumerate(cache.layers):
-        # quant.kv.cache reads the folder for the spec's format (quant.scales.files.load_spec_scales: KVScales.load(DIR,
+        # quant.kv.cache reads the folder for the spec's format (quant.kv.cache.spec_scales: KVScales.load(DIR,
         # kv_format=spec.format)): the very scales resolved for nvfp4, one per layer or one per KV head
         assert torch.equal(layer.k.scale.reshape(-1), loaded.k_scale[i].reshape(-1))
         assert torch.equal(layer.v.scale.reshape(-1), loaded.v_scale[i].reshape(-1))

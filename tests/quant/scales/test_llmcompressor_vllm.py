@@ -19,8 +19,8 @@ from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tenso
 )
 
 from evals.engines import build_engine
+from evals.engines.kv_provenance import engine_provenance
 from evals.models.resolve import resolve_model
-from evals.provenance.engines import engine_provenance
 from qa.gate.provenance import check_scales
 from quant.scales.folder import read_folder_scales
 from tests.llmc_folders import LlmcFolders, llmc_folders

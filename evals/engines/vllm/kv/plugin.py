@@ -13,6 +13,8 @@ through it only if it inherits that `load_model`. Where it is not called the plu
 writes no record, so the arm is refused (evals.engines.vllm.kv.record.checked_record), not run unemulated.
 After each load that calls it:
 
+- the spec in `QA_VLLM_KV` is read and checked, the plugin's one check of its environment
+  (evals.engines.vllm.kv.spec.spec_from_env: a spec vLLM cannot run refuses the load in one line);
 - every attention layer is classified: vLLM's `Attention` (MHA/GQA/MQA) and `MLAAttention` are handled;
   a layer that shares another's KV cache (`kv_sharing_target_layer_name`), a non-decoder layer and any
   other attention class (a model's own, Mamba / linear attention) refuse the model in one line (vision
@@ -50,7 +52,7 @@ from typing import Any
 
 from evals.engines.vllm.kv.record import COUNTS_METHOD, LoadRole, PluginRecord, RewrittenLayer, write_record
 from evals.engines.vllm.kv.resolved import bypass, layer_kv_dtypes
-from evals.engines.vllm.kv.spec import PLUGIN_NAME, RECORD_ENV, describe, spec_from_env
+from evals.engines.vllm.kv.spec import PLUGIN_ENV, PLUGIN_NAME, RECORD_ENV, describe, spec_from_env
 from quant.kv.skip_layers import config_layers, sliding_mismatch
 
 log = logging.getLogger("vllm.qa_kv")  # vLLM's handlers: the line reaches a server's log
@@ -108,8 +110,9 @@ def expose_counts() -> None:
 
 
 def register() -> None:
-    """The entry point: with QA_VLLM_KV set, check the spec and hook model loading (idempotent)."""
-    if spec_from_env(os.environ) is None:  # EngineError (a one-line refusal) for a spec vLLM cannot run
+    """The entry point: with QA_VLLM_KV set, hook model loading (idempotent); `install` reads and checks the
+    spec at each load."""
+    if not os.environ.get(PLUGIN_ENV, "").strip():
         return
     from vllm.model_executor.model_loader import base_loader  # vllm: the plugin runs inside vLLM
 
@@ -181,9 +184,9 @@ def layer_device(layer: Any, default: Any) -> Any:
 
 
 def install(model: Any, model_config: Any, target_device: Any) -> PluginRecord | None:
-    """Rewrite K/V in every attention layer of a freshly loaded model as QA_VLLM_KV says (each layer's
-    decode scales moved to its device once, here), record and log it; None (nothing installed) when the
-    plugin is off for this load."""
+    """Rewrite K/V in every attention layer of a freshly loaded model as QA_VLLM_KV says (read and checked here,
+    the plugin's one check of its environment: spec_from_env; each layer's decode scales moved to its device
+    once, here), record and log it; None (nothing installed) when the plugin is off for this load."""
     import vllm  # vllm: as above
     from vllm import distributed  # vllm: as above (the tensor-parallel group, set up before the load)
     from vllm.config import get_current_vllm_config_or_none  # vllm: as above
@@ -194,7 +197,7 @@ def install(model: Any, model_config: Any, target_device: Any) -> PluginRecord |
     from evals.engines.vllm.kv.query import install_io_rounding, io_refusal  # torch: as above
     from quant.kv.cache import check_named_layers, check_scales_fit  # torch: the hf cache's own checks
 
-    spec = spec_from_env(os.environ)
+    spec = spec_from_env(os.environ)  # EngineError (a one-line refusal) for a spec vLLM cannot run
     if spec is None:
         return None
     mha, mla = classify(model)

@@ -11,7 +11,8 @@ scheduling with a request ended by a stop token (one step may already be schedul
 request is recomputed), speculative decoding (rejected drafts are written too), more than one completion
 per request, a batch that failed. Then each layer must have counted at least the expected tokens; where
 exact, exactly them. A layer that counted nothing, or too few or (exact) too many tokens, refuses the arm.
-Imports neither torch nor vllm.
+A served arm's counts and tokens are read off its server instead (evals.engines.vllm.kv.server_counts) and
+checked here the same way. Imports neither torch nor vllm.
 """
 
 from __future__ import annotations

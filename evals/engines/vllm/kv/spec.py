@@ -1,18 +1,19 @@
 """What vLLM + the qa_kv plugin can honour of a `kv = { ... }` spec, and the environment that switches it on.
 
-The plugin is inert unless `QA_VLLM_KV` holds a validated KVQuantSpec as JSON: an environment variable
-reaches every process vLLM starts on this machine (engine core, tensor/data-parallel workers, `vllm serve`
-children); Ray workers get only what vLLM copies to them, so `plugin_env` adds both names to
-`VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`. `QA_VLLM_KV_RECORD` names a folder where each process that
-loads the model writes what it rewrote (evals.engines.vllm.kv.record).
+The plugin is inert unless `QA_VLLM_KV` holds a KVQuantSpec as JSON (quant.kv.spec.kv_spec_to_json, the form
+resolved.json keeps): an environment variable reaches every process vLLM starts on this machine (engine core,
+tensor/data-parallel workers, `vllm serve` children); Ray workers get only what vLLM copies to them, so
+`plugin_env` adds both names to `VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`. `QA_VLLM_KV_RECORD` names a folder where
+each process that loads the model writes what it rewrote (evals.engines.vllm.kv.record).
 
-Refused here, in one line, before any arm starts (`check_vllm_kv`): what vLLM's cache cannot do or the
-plugin does not model: the hf engine's FP8 recent window and prefix-cache keys (vLLM has its own prefix
-cache), engine profiles and fault hooks (the hf emulator's), a fresh-K/V prefill read, per-sequence
-dynamic decode scales for tensor-scaled formats (vLLM's cache blocks are shared between sequences, so a
-per-sequence scale has no meaning there: calibrate with `qa calibrate` or use scales = "constant"), and a
-real quantized kv_cache_dtype together with an emulated format (the emulated values would be quantized
-twice). Imports neither torch nor vllm.
+Refused in one line by `refusal` / `check_vllm_kv`, the one check (a vLLM server's kv where a run is resolved,
+qa.pipeline.resolve; an offline arm's where its engine arguments are parsed, evals.engines.vllm.args; and the
+plugin's own environment, `spec_from_env`): what vLLM's cache cannot do or the plugin does not model: the hf
+engine's FP8 recent window and prefix-cache keys (vLLM has its own prefix cache), engine profiles and fault
+hooks (the hf emulator's), a fresh-K/V prefill read, per-sequence dynamic decode scales for tensor-scaled
+formats (vLLM's cache blocks are shared between sequences, so a per-sequence scale has no meaning there:
+calibrate with `qa calibrate` or use scales = "constant"), and a real quantized kv_cache_dtype together with an
+emulated format (the emulated values would be quantized twice). Imports neither torch nor vllm.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from evals.errors import EngineError
-from quant.kv.spec import KVQuantSpec, kv_spec_from_dict
+from quant.kv.spec import KVQuantSpec, kv_spec_from_json, kv_spec_to_json
 
 PLUGIN_ENV = "QA_VLLM_KV"  # the kv spec as JSON: the plugin rewrites K/V only when it is set
 RECORD_ENV = "QA_VLLM_KV_RECORD"  # a folder: each process writes what it rewrote at model load
@@ -102,17 +103,10 @@ def check_vllm_kv(spec: KVQuantSpec, kv_cache_dtype: str = "auto", *, where: str
         raise EngineError(f"{where}: kv cache spec: {why}")
 
 
-def spec_json(spec: KVQuantSpec) -> str:
-    """The spec as the plugin reads it: compact JSON of what differs from the defaults, the format always
-    (a model folder as static + scales_file, as the spec dumps it)."""
-    given = {"format": spec.format, **spec.model_dump(mode="json", exclude_defaults=True)}
-    return json.dumps(given, separators=(",", ":"), sort_keys=True)
-
-
 def plugin_env(spec: KVQuantSpec, record_dir: Path | None = None, *, ray_extra: str = "") -> dict[str, str]:
     """The variables that switch the plugin on for `spec` (and where it records what it rewrote), with both
     names added to `ray_extra` (the VLLM_RAY_EXTRA_ENV_VARS_TO_COPY already set) so Ray workers get them too."""
-    env = {PLUGIN_ENV: spec_json(spec)}
+    env = {PLUGIN_ENV: json.dumps(kv_spec_to_json(spec), separators=(",", ":"), sort_keys=True)}
     if record_dir is not None:
         env[RECORD_ENV] = str(record_dir)
     names = [n for n in ray_extra.split(",") if n.strip()]
@@ -121,19 +115,15 @@ def plugin_env(spec: KVQuantSpec, record_dir: Path | None = None, *, ray_extra: 
 
 
 def spec_from_env(env: Mapping[str, str]) -> KVQuantSpec | None:
-    """The spec the plugin runs (None: `QA_VLLM_KV` unset or empty: the plugin is off); EngineError when the
-    JSON is not a kv spec vLLM can run."""
+    """The spec the plugin runs, read and checked (`check_vllm_kv`) from `QA_VLLM_KV` (None: unset or empty:
+    the plugin is off); EngineError when the JSON is not a kv spec vLLM can run."""
     raw = env.get(PLUGIN_ENV, "").strip()
     if not raw:
         return None
     try:
-        data = json.loads(raw)
+        spec = kv_spec_from_json(json.loads(raw))
     except json.JSONDecodeError as exc:
         raise EngineError(f"{PLUGIN_ENV}: not JSON ({exc.msg} at {exc.pos})") from None
-    if not isinstance(data, dict):
-        raise EngineError(f"{PLUGIN_ENV}: a kv spec is a JSON object, got {type(data).__name__}")
-    try:
-        spec = kv_spec_from_dict(data)
     except ValueError as exc:  # QuantError is a ValueError
         raise EngineError(f"{PLUGIN_ENV}: {exc}") from None
     check_vllm_kv(spec, where=PLUGIN_ENV)

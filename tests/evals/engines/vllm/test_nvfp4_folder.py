@@ -18,8 +18,8 @@ pytest.importorskip("vllm", reason="vllm is not installed (scripts/setup.sh --vl
 import torch
 
 from evals.engines import build_engine
+from evals.engines.kv_provenance import engine_provenance
 from evals.models.resolve import resolve_model
-from evals.provenance.engines import engine_provenance
 from qa.gate.provenance import check_scales
 from quant.scales.files import KVScales
 from quant.scales.folder import read_folder_scales

@@ -25,8 +25,9 @@ from evals.errors import EngineError
 from evals.servers.commands import kv_plugin_env, server_env
 from evals.servers.spec import VllmServerSpec
 from evals.servers.start import check_plugin_ran
+from quant.kv.spec import kv_spec_from_dict
 
-KV = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
+KV = kv_spec_from_dict({"format": "nvfp4", "scales": "constant", "constant_scale": 0.004})
 SPEC = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
 LAYERS = 4
 

@@ -15,8 +15,9 @@ from evals.engines.vllm.kv.switch import plugin_off
 from evals.errors import EngineError
 from evals.servers.commands import server_env
 from evals.servers.spec import VllmServerSpec
+from quant.kv.spec import kv_spec_from_dict, kv_spec_from_json
 
-NVFP4 = {"format": "nvfp4", "scales": "constant", "constant_scale": 0.004}
+NVFP4 = kv_spec_from_dict({"format": "nvfp4", "scales": "constant", "constant_scale": 0.004})
 
 
 def test_an_arm_without_a_kv_table_runs_with_the_switch_unset(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -31,7 +32,7 @@ def test_a_server_without_a_kv_table_drops_an_inherited_switch(monkeypatch: pyte
     monkeypatch.setenv(PLUGIN_ENV, '{"format": "nvfp4"}')
     assert PLUGIN_ENV not in server_env(VllmServerSpec(model=tmp_path))
     served = server_env(VllmServerSpec(model=tmp_path, kv=NVFP4))
-    assert json.loads(served[PLUGIN_ENV]) == NVFP4
+    assert kv_spec_from_json(json.loads(served[PLUGIN_ENV])) == NVFP4
 
 
 def test_a_server_env_that_sets_the_switch_is_refused_in_one_line(tmp_path: Path) -> None:

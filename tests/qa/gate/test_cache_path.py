@@ -1,4 +1,4 @@
-"""The cache-path rules (qa.gate.serving) through qa.gate.rules.apply_rules on comparisons of hand-made
+"""The cache-path rules (qa.gate.cache_path) through qa.gate.rules.apply_rules on comparisons of hand-made
 sessions records: by default (cache_gate = "warm_path") the candidate's warm path is gated against the
 baseline's cold path and the drift is reported beside it; with cache_gate = "drift" a hit rate of 0 is
 no information (never a pass) and excess flips and excess KL fail; gate_cache_path = false only reports;
@@ -15,7 +15,7 @@ from qa.compare.arms import compare_arms, load_arm
 from qa.files.comparison import Comparison, StatsSettings, load_comparison, save_comparison
 from qa.files.policy import default_policy, parse_policy
 from qa.gate.rules import apply_rules
-from tests.qa.serving_fixtures import ref, sessions_arm
+from tests.qa.cache_path_fixtures import ref, sessions_arm
 
 # A loose policy under which the identical cold paths of 12 turns pass on their own, so that what the
 # cache-path rules add is visible: the exact bound on 0 of 12 differing items is about +-22 pts.

@@ -11,8 +11,8 @@ import torch
 from quant.errors import QuantError
 from quant.formats.registry import get_format
 from quant.kv.cache import make_cache
+from quant.kv.calibrate import MSE_GRID, CalibrationSpec, calibrate, token_chunks
 from quant.kv.spec import KVQuantSpec
-from quant.scales.calibrate import MSE_GRID, CalibrationSpec, calibrate, token_chunks
 from quant.scales.files import KVScales, scales_paths
 from tests.tiny_models import TINY_LLAMA, plain_kv
 

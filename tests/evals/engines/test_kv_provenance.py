@@ -10,16 +10,17 @@ import pytest
 import torch
 
 from evals.engines.hf.args import parse_args
+from evals.engines.kv_provenance import emulator_provenance, engine_provenance
 from evals.engines.openai_api.args import parse_openai_args
 from evals.engines.vllm.introspect import provenance_from_worker, scales_origin
-from evals.provenance.engines import KVProvenance, emulator_provenance, engine_provenance
+from evals.provenance.record import KVProvenance
 from evals.provenance.server_log import server_log_path
 from evals.records.arm_file import ARM_FILE, EngineSummary
 from evals.run.arm import parse_arm, run_arm
 from qa.gate.provenance import check_scales
 from qa.pipeline.calibration import calibrate_model
 from quant.fileio import sha256_file
-from quant.scales.calibrate import CalibrationSpec
+from quant.kv.calibrate import CalibrationSpec
 from quant.scales.export import export_model_folder
 from quant.scales.files import CalibrationData, KVScales, ScalesMeta
 from quant.scales.folder import read_folder_scales

@@ -1,4 +1,4 @@
-"""Statistics of the cache path (the `sessions` probe): numbers only, `qa.gate.serving` decides.
+"""Statistics of the cache path (the `sessions` probe): numbers only, `qa.gate.cache_path` decides.
 
 Records (evals.run.sessions): item_id "s{NNN}/t{K}/{cold|warm|shuffled}", cluster = the session id,
 meta {"session", "turn", "cache_path", "cached_tokens", "prompt_tokens"}, `reference_logprobs` = the

@@ -1,13 +1,13 @@
 """The convention check of a model folder's K/V scales against a model: observe amax here on calibration
-prompts (quant.scales.calibrate, absmax per layer), resolve the folder with it (quant.scales.folder.
+prompts (quant.kv.calibrate, absmax per layer), resolve the folder with it (quant.scales.folder.
 resolve_folder_scales: declared vs fitted, converted for the format), and say so in one-line warnings."""
 
 from __future__ import annotations
 
 import torch
 
+from quant.kv.calibrate import CalibrationSpec, calibrate
 from quant.kv.inspect_report import FolderScalesCheck, LayerScaleFit
-from quant.scales.calibrate import CalibrationSpec, calibrate
 from quant.scales.conventions import convention_warnings
 from quant.scales.folder import ObservedAmax, ResolvedScales, resolve_folder_scales
 

@@ -1,4 +1,4 @@
-"""The cache-path rules of a sessions task (comparison.json `cache_path`, qa.compare.serving): the
+"""The cache-path rules of a sessions task (comparison.json `cache_path`, qa.compare.cache_path): the
 candidate's warm path (served from its prefix cache), as users get it, against the baseline; and how far
 each arm's warm path drifts from its own cold path.
 

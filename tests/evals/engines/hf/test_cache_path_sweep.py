@@ -1,4 +1,4 @@
-"""Warm == cold wherever the math says so, swept over geometries (issue 31): an FP8 recent window smaller
+"""Warm == cold wherever the math says so, swept over geometries: an FP8 recent window smaller
 than, equal to and larger than a prefix-cache block, hits at an entry's end and inside it, and on a
 sliding-window model every replay window from 0 to the sliding window.
 

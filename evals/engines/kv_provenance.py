@@ -1,4 +1,4 @@
-"""KV-scale provenance: which KV cache and which K/V scales an arm's engine really ran with.
+"""An engine's KV-scale provenance: which KV cache and which K/V scales an arm's engine really ran with.
 
 Peers' worst KV-cache bugs were scales that silently defaulted to 1.0; vLLM only logs a warning, and
 for a checkpoint without a quantization config it logs nothing at all. So every arm records, in
@@ -11,9 +11,10 @@ arm.json (`engine_info.kv`), what its engine says after load:
   run`'s preflight observed for this model, evals.provenance.scale_fits; taken as they are or not);
 - vllm offline: vLLM's resolved cache dtype, the dtype of the allocated KV tensors and every
   attention layer's k/v scale (evals.engines.vllm.introspect);
-- a vLLM or llama.cpp server `qa run` started: what its log says (evals.provenance.server_log).
+- a vLLM or llama.cpp server `qa run` started: what its log says (`server_provenance`: the qa_kv plugin's
+  record where the log carries one, else the server's own messages, evals.provenance.server_log).
 
-The record itself (KVProvenance, its `scales_origin`s) is evals.provenance.record, re-exported here. A vLLM
+The record itself (KVProvenance, its `scales_origin`s) is evals.provenance.record. A vLLM
 engine's record gets the convention its model folder declares (quant.scales.folder), so a folder of NVFP4
 scales run with an fp8 cache shows as a mismatch.
 """
@@ -24,15 +25,10 @@ from pathlib import Path
 
 from evals.engines.hf import read_scales
 from evals.engines.hf.args import HFEngineArgs
-from evals.provenance.record import (  # noqa: F401 - the models, re-exported: callers import them from here
-    STATIC_ORIGINS,
-    KVProvenance,
-    LayerScales,
-    ProvenanceSource,
-    ScalesOrigin,
-)
+from evals.engines.vllm.kv.record import emulated_provenance, record_from_log
+from evals.provenance.record import KVProvenance, LayerScales
 from evals.provenance.scale_fits import load_observed
-from evals.provenance.server_log import server_provenance
+from evals.provenance.server_log import log_provenance
 from quant.errors import QuantError
 from quant.fileio import sha256_file
 from quant.kv.skip_layers import ModelLayers, config_layers
@@ -94,6 +90,15 @@ def _static_emulator(args: HFEngineArgs, kv: KVQuantSpec, model: str | None,
         convention = VLLM_FOLDER_FORMATS[kv.format][0] if kv.format in VLLM_FOLDER_FORMATS else None
     return KVProvenance(source="hf-emulator", kv_dtype=kv.format, scales_origin="calibrated", scales_expected=True,
                         scales_sha256=sha, scales_convention=convention, folder_scales=reading, layers=layers)
+
+
+def server_provenance(text: str) -> KVProvenance | None:
+    """What a vLLM (or llama.cpp) server log says about its KV cache; None when it says nothing. A server
+    that ran the qa_kv plugin says what it emulated (evals.engines.vllm.kv.record)."""
+    emulated = record_from_log(text)
+    if emulated is not None:
+        return emulated_provenance(emulated, "vllm-server")
+    return log_provenance(text)
 
 
 def folder_convention(model: object) -> str | None:

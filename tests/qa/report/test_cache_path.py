@@ -1,4 +1,4 @@
-"""The report's "Cache path" section (qa.report.serving) in report.md and report.html of a run directory
+"""The report's "Cache path" section (qa.report.cache_path) in report.md and report.html of a run directory
 holding hand-made sessions records: hit rates, divergence per turn depth, flips, the A/A floor and the
 gate's cache-path rules; absent for a run without a sessions task."""
 
@@ -15,8 +15,8 @@ from qa.files.policy import default_policy_text
 from qa.files.resolved_json import ArmRecord, PolicyRecord, ResolvedRecord, text_sha256
 from qa.files.rundir import RunDir
 from qa.report import render
-from qa.report.serving import ARM_HEADERS, TURN_HEADERS, replayed_arms
-from tests.qa.serving_fixtures import sessions_arm
+from qa.report.cache_path import ARM_HEADERS, TURN_HEADERS, replayed_arms
+from tests.qa.cache_path_fixtures import sessions_arm
 
 FLIPPED = frozenset({(s, 1) for s in range(6)})
 

@@ -1,21 +1,20 @@
-"""The report's "Cache path" section (comparison.json `cache_path`, qa.compare.serving): per sessions
+"""The report's "Cache path" section (comparison.json `cache_path`, qa.compare.cache_path): per sessions
 task, each arm's warm path against its own cold path (prefix-cache hit rate, identical outputs, first
 divergence, KL(cold || warm), flips), per turn depth, the shuffled batch-history A/A floor, the
 candidate next to the baseline (excess flips, KL difference, warm accuracy vs the baseline's cold path)
-and the gate's cache-path rules (qa.gate.serving); an hf arm whose emulated prefix cache replays is labelled
+and the gate's cache-path rules (qa.gate.cache_path); an hf arm whose emulated prefix cache replays is labelled
 from its engine arguments in resolved.json."""
 
 from __future__ import annotations
-
-from html import escape
 
 from evals.engines import parse_engine_args
 from evals.engines.hf.args import HFEngineArgs
 from qa.files.comparison import AgreementShare, CacheArm, CachePathEstimate, CacheTurn, Flips, Interval
 from qa.files.resolved_json import ResolvedRecord
 from qa.files.verdict import TaskVerdict
+from qa.report.document import Paragraph, Section, bullets, line, table
 from qa.report.gather import ReportInputs
-from qa.textfmt import md_cell, percent, pts
+from qa.textfmt import percent, pts
 
 TITLE = "Cache path"
 CAPTION = ("Each turn of a session served cold (no reusable prefix) and warm (right after its prefix) in each "
@@ -134,39 +133,15 @@ def _verdict(inp: ReportInputs, task: str) -> TaskVerdict | None:
     return next((t for t in inp.verdict.tasks if t.task == task), None)
 
 
-def _md_table(headers: tuple[str, ...], body: list[list[str]]) -> list[str]:
-    return (["| " + " | ".join(md_cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-            + ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in body])
-
-
-def markdown_section(inp: ReportInputs) -> list[str]:
-    """report.md lines of the section (none when no task has a cache path)."""
+def section(inp: ReportInputs) -> Section | None:
+    """The section: the caption, then per sessions task its per-arm and per-turn tables and its lines (None
+    when no task has a cache path)."""
     if not inp.comparison.cache_path:
-        return []
-    lines = ["", f"## {TITLE}", "", md_cell(CAPTION)]
+        return None
+    subs = []
     for cp in inp.comparison.cache_path:
         arm_rows, turn_rows = _tables(cp)
-        lines += ["", f"### {md_cell(cp.task)}", ""] + _md_table(ARM_HEADERS, arm_rows)
-        lines += ["", "Per turn depth:", ""] + _md_table(TURN_HEADERS, turn_rows) + [""]
-        lines += [f"- {md_cell(x)}" for x in comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.resolved)]
-    return lines
-
-
-def _html_table(headers: tuple[str, ...], body: list[list[str]]) -> str:
-    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    rows = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in body)
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>'
-
-
-def html_section(inp: ReportInputs) -> str:
-    """report.html fragment of the section ('' when no task has a cache path)."""
-    if not inp.comparison.cache_path:
-        return ""
-    out = [f"<h2>{escape(TITLE)}</h2><p><small>{escape(CAPTION)}</small></p>"]
-    for cp in inp.comparison.cache_path:
-        arm_rows, turn_rows = _tables(cp)
-        out += [f"<h3>{escape(cp.task)}</h3>", _html_table(ARM_HEADERS, arm_rows), "<p>Per turn depth:</p>",
-                _html_table(TURN_HEADERS, turn_rows), "<ul>"]
         lines = comparison_lines(cp, _verdict(inp, cp.task)) + replay_lines(inp.resolved)
-        out += [f"<li>{escape(x)}</li>" for x in lines] + ["</ul>"]
-    return "".join(out)
+        subs.append(Section(cp.task, (table(ARM_HEADERS, arm_rows), Paragraph(line("Per turn depth:")),
+                                      table(TURN_HEADERS, turn_rows), bullets(lines))))
+    return Section(TITLE, (Paragraph(line(CAPTION)), *subs))

@@ -1,4 +1,4 @@
-"""qa.compare.serving on hand-made sessions records: identical-output rates, first divergence, KL(cold ||
+"""qa.compare.cache_path on hand-made sessions records: identical-output rates, first divergence, KL(cold ||
 warm), flips, hit rates per turn depth, the shuffled A/A floor, the candidate-vs-baseline statistics
 (checked against hand-computed values, scipy and statsmodels) and the cold-only per-task estimates."""
 
@@ -13,10 +13,10 @@ from scipy import stats as sps
 
 from evals.records.samples import write_records
 from qa.compare.arms import Arm, compare_arms, load_arm
-from qa.compare.serving import cache_path_estimates, first_divergence, hit_rate, standard_records
+from qa.compare.cache_path import cache_path_estimates, first_divergence, hit_rate, standard_records
 from qa.errors import PairingError
 from qa.files.comparison import StatsSettings
-from tests.qa.serving_fixtures import KEY, Served, arm_records, record, same_everywhere
+from tests.qa.cache_path_fixtures import KEY, Served, arm_records, record, same_everywhere
 
 SETTINGS = StatsSettings(bootstrap_n=0)
 
