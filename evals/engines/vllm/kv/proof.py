@@ -25,6 +25,8 @@ from typing import Any
 from evals.engines.vllm.kv.record import KVExecution, LayerCount, LoadCounts
 from evals.errors import EngineError
 
+SPECULATIVE = "speculative decoding (rejected drafts are written too)"  # why such a count is a lower bound
+
 
 @dataclass
 class TokenTally:
@@ -38,6 +40,14 @@ class TokenTally:
         """Note that vLLM may have written more tokens than the outputs show (`why`, kept once)."""
         if why not in self.inexact:
             self.inexact.append(why)
+
+    def preempted(self, n: int) -> None:
+        """n requests were preempted: their recomputed tokens pass through the rewrite again."""
+        self.not_exact(f"{n} preemptions (recomputed tokens)")
+
+    def speculative(self) -> None:
+        """Speculative decoding ran: the drafts it rejects were written too."""
+        self.not_exact(SPECULATIVE)
 
     def add(self, output: Any, *, async_scheduling: bool = False) -> None:
         """Count one vLLM RequestOutput: its prompt less the cached tokens, plus its generated tokens fed back."""

@@ -143,7 +143,7 @@ def served_tally(before: ServerTotals | None, after: ServerTotals | None, config
         tally.tokens = (after.prompt - before.prompt) - (after.cached - before.cached)
         tally.tokens += (after.generated - before.generated) - tally.requests
         if (preempted := after.preemptions - before.preemptions) > 0:
-            tally.not_exact(f"{preempted} preemptions (recomputed tokens)")
+            tally.preempted(preempted)
         for reason in sorted(after.finished.keys() - EXACT_FINISHES):
             if after.finished[reason] > before.finished.get(reason, 0):
                 tally.not_exact(f"a request finished by {reason}")
@@ -156,8 +156,10 @@ def served_tally(before: ServerTotals | None, after: ServerTotals | None, config
         tally.not_exact(f"{failed_attempts} request attempts failed (the server may have computed tokens "
                         "no counter shows)")
     if config.speculative is not False:
-        tally.not_exact("speculative decoding (rejected drafts are written too)" if config.speculative
-                        else "speculative decoding not known (GET /server_info)")
+        if config.speculative:
+            tally.speculative()
+        else:
+            tally.not_exact("speculative decoding not known (GET /server_info)")
     return tally
 
 

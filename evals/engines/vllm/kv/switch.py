@@ -101,7 +101,7 @@ class ExecutionWatch:
         if now is None:
             self.tally.not_exact("preemptions not known (disable_log_stats)")
         elif self.preempted is not None and now > self.preempted:
-            self.tally.not_exact(f"{now - self.preempted} preemptions (recomputed tokens)")
+            self.tally.preempted(now - self.preempted)
         if self.llm.llm_engine.vllm_config.speculative_config is not None:
-            self.tally.not_exact("speculative decoding (rejected drafts are written too)")
+            self.tally.speculative()
         return checked_execution(counted_since(self.before, after), self.tally, dp_ranks=self.dp_ranks)
