@@ -44,7 +44,7 @@ if [ "$skip_vllm" != 1 ]; then
     tests/evals/engines/vllm/kv/test_plugin.py tests/evals/engines/vllm/kv/test_served.py tests/evals/engines/vllm/kv/test_mla.py \
     tests/evals/engines/vllm/kv/test_cache_paths.py tests/evals/engines/vllm/kv/test_skip_layers_vllm.py \
     tests/qa/pipeline/test_dry_run_vllm_kv.py tests/quant/scales/test_llmcompressor_vllm.py \
-    tests/quant/formats/test_vllm_kv_bytes.py tests/test_vllm_env.py \
+    tests/quant/formats/test_vllm_kv_bytes.py tests/quant/formats/test_vllm_kv_formats.py tests/test_vllm_env.py \
     tests/evals/engines/vllm/kv/test_execution.py tests/evals/engines/vllm/kv/test_tensor_parallel.py \
     tests/evals/engines/vllm/kv/test_native.py tests/evals/engines/vllm/kv/test_vllm_native_formats.py \
     tests/evals/engines/vllm/test_load.py

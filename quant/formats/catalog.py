@@ -23,7 +23,7 @@ FP8Rounding = Literal["nearest", "toward_zero"]
 # mxfp4 is no vLLM KV format, and int8 / int4 (symmetric, no rotation) are NOT vLLM's *_per_token_head
 VLLM_FORMATS: tuple[str, ...] = (
     "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head",
-    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
 )
 TOOLKIT_ONLY_FORMATS: tuple[str, ...] = ("mxfp4", "int8", "int4")
 FORMAT_NAMES: tuple[str, ...] = (
@@ -49,8 +49,8 @@ def _side_bytes(name: str, d: int, model_bytes: int) -> int:
         return d * model_bytes
     if name in ("nvfp4", "nvfp4_4over6"):
         return d // 2 + d // 16  # E2M1 pairs + one E4M3 scale per 16 (vLLM's nvfp4_kv_cache_full_dim)
-    if name == "mxfp4":
-        return d // 2 + d // 32  # E2M1 pairs + one E8M0 scale per 32
+    if name in ("mxfp4", "ultraquant_4bit"):
+        return d // 2 + d // 32  # E2M1 pairs + one E8M0 scale per 32 (ultraquant: no slot padding)
     if name in ("fp8_e4m3", "fp8_e5m2"):
         return d  # the per-tensor (per-layer) scale is not per token
     if name in ("int8", "int8_per_token_head", "fp8_per_token_head"):

@@ -23,6 +23,7 @@ from quant.formats.fp8 import FP8Kind, FP8Rounding
 from quant.formats.intq import IntBits
 from quant.formats.quantized import QuantizedTensor
 from quant.formats.turboquant import TurboQuantFormat
+from quant.formats.ultraquant import UltraQuantFormat
 from quant.formats.vllm_per_token_head import Int4PerTokenHeadFormat, PerTokenHeadFormat
 
 # bits per element at head_dim 128 (per-row float32 scales of INT formats amortized over 128 elements)
@@ -252,6 +253,7 @@ FORMATS: dict[str, KVFormat] = {
     "fp8_per_token_head": PerTokenHeadFormat(name="fp8_per_token_head", kind="fp8"),
     "int4_per_token_head": Int4PerTokenHeadFormat(),
     **{name: TurboQuantFormat(name=name, preset=preset) for name, preset in turboquant.PRESETS.items()},
+    "ultraquant_4bit": UltraQuantFormat(),
 }
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
 assert FORMAT_NAMES == KV_FORMAT_NAMES  # the torch-free catalog names exactly these formats, in order
@@ -275,7 +277,7 @@ def quantize_dequantize(
 
 def kind_format(fmt: KVFormat, kind: str) -> KVFormat:
     """The format that stores stream `kind` ("k" or "v") of a layer in `fmt`: fmt itself, except a format
-    that stores K and V differently (TurboQuant), whose `k_format` / `v_format` it returns."""
+    that stores K and V differently (TurboQuant, UltraQuant), whose `k_format` / `v_format` it returns."""
     side = getattr(fmt, f"{kind}_format", None)
     return fmt if side is None else side
 

@@ -37,6 +37,7 @@ from quant.errors import QuantError
 from quant.formats.catalog import TURBOQUANT_PRESETS
 from quant.formats.fp8 import check_finite
 from quant.formats.quantized import QuantizedTensor
+from quant.formats.split import SplitKVFormat
 
 TurboQuantName = Literal["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"]
 NORM_EPS = 1e-8  # k / (||k|| + 1e-8) before the rotation
@@ -247,7 +248,7 @@ class TurboQuantHalf:
 
 
 @dataclass(frozen=True)
-class TurboQuantFormat:
+class TurboQuantFormat(SplitKVFormat):
     """A TurboQuant preset: `quantize` / `dequantize` are K's (`k_format`), V goes through `v_format`
     (`quant.formats.registry.kind_format` picks the side for a stream)."""
 
@@ -269,15 +270,3 @@ class TurboQuantFormat:
     def bits_per_element(self) -> float:
         """Stored bits per K and V element at head_dim 128, slot padding included."""
         return self.preset.slot_bytes(128) * 8 / 256
-
-    def quantize(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> QuantizedTensor:
-        """K's store of x [..., D] (use `v_format` for V)."""
-        return self.k_format.quantize(x, scale)
-
-    def dequantize(self, q: QuantizedTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """K's read-back of q (use `v_format` for V)."""
-        return self.k_format.dequantize(q, dtype)
-
-    def decode_scale_from_amax(self, amax: torch.Tensor) -> torch.Tensor:
-        """1.0: TurboQuant scales each row itself."""
-        return torch.ones_like(amax, dtype=torch.float32)

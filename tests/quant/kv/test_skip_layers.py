@@ -116,6 +116,12 @@ def test_resolution_merges_reasons_and_checks_the_model() -> None:
         kv_spec_from_dict({"format": "turboquant_4bit_nc", "layer_formats": {0: "int4"}}).layer_skips(gemma)
 
 
+def test_ultraquant_keeps_turboquants_boundary() -> None:
+    # engine/arg_utils.py adds TurboQuantConfig.get_boundary_skip_layers for ultraquant_4bit as for turboquant_*
+    skips = KVQuantSpec(format="ultraquant_4bit").layer_skips(model_layers(SMOLLM2))
+    assert skips.reasons == {i: ("turboquant_boundary",) for i in (0, 1, 28, 29)}
+
+
 def test_layer_format_needs_the_model_when_the_spec_does() -> None:
     assert KVQuantSpec(format="nvfp4", skip_layers=(2, "3")).layer_format(3) == "none"
     for spec in (KVQuantSpec(format="nvfp4", skip_layers=("sliding_window",)), KVQuantSpec(format="turboquant_k8v4")):
