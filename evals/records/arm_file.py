@@ -17,8 +17,9 @@ from typing import Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from evals.engines import EngineName
+from evals.engines.load import LoadRecord
+from evals.engines.openai_api.load import ServedLoadRecord
 from evals.engines.vllm.kv.record import KVExecution
-from evals.engines.vllm.load import LoadRecord
 from evals.errors import RecordError
 from evals.provenance.record import KVProvenance
 from quant.fileio import atomic_write_text
@@ -86,7 +87,9 @@ class EngineSummary(BaseModel):
     kv: KVProvenance | None = None  # the KV cache and K/V scales the engine really ran with
     # the qa_kv plugin's per-layer device counts over the arm, checked against the tokens vLLM computed
     kv_execution: KVExecution | None = None
-    load: LoadRecord | None = None  # a loaded vllm arm: what its requests were served amid (vLLM's scheduler counters)
+    # a loaded arm: what its requests were served amid (offline vLLM's scheduler counters; a served arm's client
+    # count and server /metrics)
+    load: LoadRecord | ServedLoadRecord | None = None
 
 
 class ReusedFrom(BaseModel):

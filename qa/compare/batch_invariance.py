@@ -1,7 +1,7 @@
 """Batch invariance: which items change between concurrency 1 and N, per arm, and the candidate against the baseline.
 
 Four record folders: the baseline and the candidate each served alone (`load = { concurrency = 1 }`) and under
-load (`concurrency = N`, evals.engines.vllm.load). Per arm an item (item, repeat) is *changed* when its outcome
+load (`concurrency = N`, evals.engines.load). Per arm an item (item, repeat) is *changed* when its outcome
 differs between the two levels: its scores, its extracted answer or whether it failed. The candidate's change
 rate is set against the baseline's as a paired difference on the items present in all four folders,
 d_i = changed_cand_i - changed_base_i (positive: the candidate's outcome moved where the baseline's did not), with

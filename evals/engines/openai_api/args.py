@@ -11,6 +11,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from evals.engines.load import LoadSpec, load_key_message
+from evals.engines.openai_api.load import served_load_problem
 from evals.errors import EngineError
 from quant.validation import did_you_mean, first_error
 
@@ -40,6 +42,8 @@ class OpenAIArgs(BaseModel):
     seed: int = 0  # seeds the backoff jitter
     echo: bool | None = None  # None: probe the server once; False: it cannot echo (refuse scoring tasks)
     tokenizer: str | None = None  # HF folder or id for local tokenisation; None: the arm's model
+    # send the evaluated requests amid filler clients, N in flight (evals.engines.openai_api.load; None: as called)
+    load: LoadSpec | None = None
 
     @model_validator(mode="after")
     def _one_kind_of_address(self) -> OpenAIArgs:
@@ -51,6 +55,9 @@ class OpenAIArgs(BaseModel):
                 raise ValueError(problem)
         if len(set(self.base_urls)) != len(self.base_urls):
             raise ValueError("base_urls lists a replica twice")
+        if self.load is not None and (why := served_load_problem(self.load, self.model_fields_set,
+                                                                 len(self.base_urls))) is not None:
+            raise ValueError(why)
         return self
 
     def replica_urls(self) -> tuple[str, ...]:
@@ -68,6 +75,11 @@ def parse_openai_args(args: Mapping[str, object]) -> OpenAIArgs:
         return OpenAIArgs.model_validate(dict(args))
     except ValidationError as exc:
         err = first_error(exc)
+        head, _, rest = err.where.partition(".")
+        if head == "load" and rest:
+            raise EngineError(f"openai engine: {load_key_message(rest, err.msg)}") from None
+        if not err.where and err.msg.startswith(("load", "concurrency and load")):
+            raise EngineError(f"openai engine: {err.msg}") from None
         where = err.where_or("engine_args")
         hint = f"; {did_you_mean(where, OpenAIArgs.model_fields)}" if err.type == "extra_forbidden" else ""
         raise EngineError(f"openai engine argument {where}: {err.msg}{hint}") from None

@@ -15,15 +15,18 @@ Against a vLLM server `qa run` started with a `kv` table (evals.servers.start), 
 plugin's per-layer counts and the server's token counters at its start and at `close`, and checks them
 (`kv_execution`, evals.engines.vllm.kv.server_counts); a count that does not match refuses the arm at close.
 A server the toolkit did not start is not counted (`kv_execution` stays None).
+
+With `load` (evals.engines.openai_api.load), every call's requests go out amid filler requests
+(evals.engines.openai_api.load_run), the echo probe alone; what ran is `load_record`, at close.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import JsonValue
 
@@ -33,6 +36,9 @@ from evals.engines.lmeval_tokens import PairTokenizer, encode_pair
 from evals.engines.openai_api.args import OpenAIArgs
 from evals.engines.openai_api.chat import NO_SCORING_HINT, chat_payload, check_chat_requests, parse_chat
 from evals.engines.openai_api.client import ApiClient, RequestRejected, RetriesExhausted, api_key_from_env
+from evals.engines.openai_api.load import FillerPrompt, ServedLoadRecord
+from evals.engines.openai_api.load_metrics import MetricsSampler
+from evals.engines.openai_api.load_run import ServedLoad
 from evals.engines.openai_api.prefix_cache import ServerPrefixCache, response_tokens
 from evals.engines.openai_api.sampling import ServerKind, check_sampling, kind_from_models, sampling_body
 from evals.engines.stops import cut_at_stop
@@ -44,6 +50,8 @@ from evals.models.resolve import ResolvedModel
 from evals.offline import hub_mode, hub_offline
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 
 TOKEN_ID_PREFIX = "token_id:"  # vLLM's `return_tokens_as_token_ids` spelling of a token
 ECHO_PROBE_TEXT = "The quick brown fox jumps over the lazy dog"
@@ -112,18 +120,27 @@ class OpenAIEngine:
     def __init__(self, model: ResolvedModel, args: OpenAIArgs, *, api_key: str | None = None,
                  tokenizer: PairTokenizer | None = None) -> None:
         self.args = args
-        self.client = ApiClient(args, api_key=api_key)
+        # under load the evaluated requests in flight are load.evaluated_slots (the fillers have their own client)
+        self.client = ApiClient(args.model_copy(update={"concurrency": args.load.slots}) if args.load else args,
+                                api_key=api_key)
         self.base_url = self.client.base_url
         self._model = model
         self._lock = threading.Lock()
         self._tokenizer: Any = tokenizer  # loaded on first use: generation needs none
         self._echo_ok: bool | None = args.echo
         self.kv_execution: KVExecution | None = None  # the qa_kv plugin's checked counts (a counted server), at close
+        self.load: ServedLoad | None = None
+        self.load_record: ServedLoadRecord | None = None  # what `load` sent and the server's counters, at close
         try:
             self.served_model = args.served_model or self.client.served_model()
             self.server_kind: ServerKind = args.server_kind or self._detect_kind()
             counted = len(self.client.replicas) == 1 and is_counted(self.base_url)
             self._kv_watch = ServedWatch.start(self.client.replicas[0].http, self.base_url) if counted else None
+            if args.load is not None:
+                http = self.client.replicas[0].http
+                sampler = MetricsSampler.at(self.base_url, http.headers) if self.server_kind == "vllm" else None
+                self.load = ServedLoad(args.load, args, served_model=self.served_model, kind=self.server_kind,
+                                       api_key=api_key, note=self._watched, encode=self._encode, sampler=sampler)
         except BaseException:
             self.client.close()
             raise
@@ -139,7 +156,7 @@ class OpenAIEngine:
                 "served_model": self.served_model,
                 "api": args.api,
                 "server": self.server_kind,
-                "concurrency": str(args.concurrency),
+                "concurrency": str(self.client.args.concurrency),
                 "max_retries": str(args.max_retries),
                 "timeout_s": str(args.timeout_s),
             },
@@ -170,6 +187,16 @@ class OpenAIEngine:
         except (RequestRejected, RetriesExhausted) as exc:
             log.warning("cannot read the server kind off %s/models (%s); treating it as 'openai'", self.base_url, exc)
             return "openai"
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer().encode(text, add_special_tokens=False))
+
+    def _map(self, fn: Callable[[T, int], R], items: Sequence[T],
+             prompts: Sequence[FillerPrompt]) -> list[R | base.Failure]:
+        """fn over items on the client's pool; under `load`, amid fillers drawn from `prompts` (the call's own)."""
+        if self.load is None:
+            return self.client.map(fn, items)
+        return self.load.map(self.client, fn, items, prompts)
 
     def _count_tokens(self, text: str) -> int:
         """Tokens of generated text as the model's tokenizer splits it (when the server did not count)."""
@@ -219,7 +246,8 @@ class OpenAIEngine:
                 body = self._watched(self.client.chat(self.served_model, chat_payload(req, self.server_kind), key))
                 return parse_chat(body, req, self._count_tokens)
 
-            return self.client.map(chat, requests)
+            return self._map(chat, requests, [[{"role": m.role, "content": m.content} for m in req.messages]
+                                              for req in requests])
 
         extras = self.prefix_cache.request_extras()
 
@@ -241,7 +269,7 @@ class OpenAIEngine:
             return base.GenerateResult(text=text, output_tokens=tokens, finish_reason=finish,
                                        prompt_tokens=prompt_tokens, cached_tokens=cached)
 
-        return self.client.map(one, requests)
+        return self._map(one, requests, [req.prompt for req in requests])
 
     def reset_prefix_cache(self) -> None:
         """Serve the next call cold: the server's reset endpoint, or llama.cpp's cache_prompt = false."""
@@ -283,7 +311,7 @@ class OpenAIEngine:
                 greedy.append(is_greedy)
             return base.LoglikelihoodResult(loglikelihoods=tuple(lls), is_greedy=tuple(greedy))
 
-        return self.client.map(one, encoded)
+        return self._map(one, encoded, [pairs[0][0] + pairs[0][1] for pairs in encoded if pairs])
 
     def _prompt_logprobs_missing(self) -> str | None:
         """Why this server cannot give prompt log-probs (the chat endpoint, no echo), or None when it can."""
@@ -344,17 +372,23 @@ class OpenAIEngine:
                 target_ids=ids[first:], target_logprobs=target_lps, topk_ids=topk_ids, topk_logprobs=topk_lps
             )
 
-        return self.client.map(one, encoded)
+        return self._map(one, encoded, [ids for ids, _, _ in encoded])
 
     def close(self) -> None:
         """Stop the worker threads and close the connections; against a counted server, first read and check
-        every layer's rewrite counts (`kv_execution`), and then EngineError when they refuse the arm."""
+        every layer's rewrite counts (`kv_execution`, fillers' tokens and failed attempts included), and then
+        EngineError when they refuse the arm; under `load`, keep what it sent (`load_record`)."""
         watch, self._kv_watch = getattr(self, "_kv_watch", None), None
+        load, self.load = getattr(self, "load", None), None
         try:
             if watch is not None:
-                self.kv_execution = watch.finish(self.client.failed_attempts)
+                failed = self.client.failed_attempts + (load.failed_attempts if load is not None else 0)
+                self.kv_execution = watch.finish(failed)
         finally:
             self.client.close()
+            if load is not None:
+                self.load_record = load.record()
+                load.close()
         if watch is not None and self.kv_execution is not None:
             refuse_unexecuted(self.kv_execution)
 

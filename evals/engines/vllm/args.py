@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError, model_validator
 
+from evals.engines.load import LoadSpec, flag_conflict, load_key_message
 from evals.engines.vllm.kv.spec import refusal
-from evals.engines.vllm.load import LoadSpec, flag_conflict, load_key_message
 from evals.errors import EngineError
 from quant.kv.spec import KVQuantSpec, unknown_key_message
 from quant.validation import did_you_mean, first_error
@@ -40,7 +40,7 @@ class VllmEngineArgs(BaseModel):
     # run a KV dtype the attention backend cannot serve, under a loud warning (its numbers are no measurement)
     allow_unsupported_kv_cache_dtype: bool = False
     kv: KVQuantSpec | None = None  # the K/V format emulated in vLLM by the qa_kv plugin (None: plugin off)
-    load: LoadSpec | None = None  # serve each request amid others (evals.engines.vllm.load; None: as called)
+    load: LoadSpec | None = None  # serve each request amid others (evals.engines.load; None: as called)
 
     @model_validator(mode="after")
     def _no_model_flag(self) -> VllmEngineArgs:

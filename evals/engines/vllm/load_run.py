@@ -1,4 +1,4 @@
-"""Serving one engine call's requests under a LoadSpec on vLLM's offline engine (evals.engines.vllm.load).
+"""Serving one engine call's requests under a LoadSpec on vLLM's offline engine (evals.engines.load).
 
 The requests go to vLLM's own `LLMEngine` (add_request / step): vLLM schedules them, chunks prefills and
 batches decodes; this module only decides when each request arrives. Before every step the engine holds
@@ -23,7 +23,7 @@ from typing import Any
 
 from evals import data
 from evals.data.files import resolve_data_dir
-from evals.engines.vllm.load import LoadRecord, LoadSpec
+from evals.engines.load import LoadRecord, LoadSpec
 from evals.errors import EngineError
 
 WIKITEXT_CHARS = 400_000  # of WikiText-2's test text tokenised for filler windows (~90K tokens: plenty)

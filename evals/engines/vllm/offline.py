@@ -37,7 +37,7 @@ K/V format is emulated inside vLLM (refused when no load was recorded or the res
 the rewrite), its provenance says "emulated in vLLM"; `close` checks every layer's device count of rewritten
 tokens against the tokens vLLM computed (`kv_execution`, evals.engines.vllm.kv.proof), else refuses the arm.
 
-An arm's `load = { ... }` (evals.engines.vllm.load) serves every call's requests amid others through vLLM's
+An arm's `load = { ... }` (evals.engines.load) serves every call's requests amid others through vLLM's
 own engine loop (load_run); its scheduler counters go to arm.json as `load_record`.
 
 This module imports vllm lazily, with an install hint, to build the engine; the other modules that import
@@ -56,6 +56,7 @@ from evals.engines import base
 from evals.engines.base import TokenLogprobs
 from evals.engines.hf.tokens import HFTokens
 from evals.engines.lmeval_tokens import encode_pair
+from evals.engines.load import LoadRecord
 from evals.engines.stops import cut_at_stop
 from evals.engines.vllm.args import VllmEngineArgs, check_flag_names, engine_kwargs
 from evals.engines.vllm.introspect import kv_provenance
@@ -63,7 +64,6 @@ from evals.engines.vllm.kv.proof import refuse_unexecuted
 from evals.engines.vllm.kv.record import KVExecution, emulated_provenance
 from evals.engines.vllm.kv.spec import describe
 from evals.engines.vllm.kv.switch import ExecutionWatch, loaded_record, plugin_off, plugin_on
-from evals.engines.vllm.load import LoadRecord
 from evals.engines.vllm.load_run import LoadRunner, build_runner
 from evals.errors import EngineError, first_line
 from evals.models.resolve import ResolvedModel

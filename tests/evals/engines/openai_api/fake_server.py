@@ -20,15 +20,26 @@ from evals.models.resolve import ResolvedModel
 from evals.servers.process import free_port, stop_pid
 
 # The scripted server. Prompt markers choose the behaviour; every request is appended to LOG as
-# one JSON line {"prompt", "auth", "path", "body"} before it is answered. MODE "vllm" names vLLM as
-# the owner in /v1/models; /v1/chat/completions answers the last message (THINK: with a separate
-# reasoning_content; CUT: reasoning only, stopped at max_tokens).
+# one JSON line {"prompt", "auth", "path", "body", "inflight"} before it is answered ("inflight": the POSTs
+# being answered, this one included, until its answer goes out). MODE "vllm" names vLLM as the owner in /v1/models and serves /metrics
+# with vLLM's scheduler gauges (the POSTs in flight as running); /v1/chat/completions answers the last message
+# (THINK: with a separate reasoning_content; CUT: reasoning only, stopped at max_tokens). A body with
+# ignore_eos (a load filler) takes 10 ms per max_tokens.
 FAKE_SERVER = r"""
-import json, sys, time
+import json, sys, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, LOG, MODE = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 seen = {}
+inflight = [0]
+lock = threading.Lock()
+METRICS = '''# HELP vllm:num_requests_running Number of requests in model execution batches.
+vllm:num_requests_running{engine="0",model_name="fake-model"} %d
+vllm:num_requests_waiting{engine="0",model_name="fake-model"} 0
+vllm:kv_cache_usage_perc{engine="0",model_name="fake-model"} %f
+vllm:num_preemptions_total{engine="0",model_name="fake-model"} 0
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="64"} 1.0
+'''
 
 def logprob(pos):
     return -pos / 10.0  # hand-computable: position p (p >= 1) has log-prob -p/10
@@ -37,7 +48,14 @@ class H(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    def done(self):  # a POST's answer is about to go out: it stops counting as in flight
+        if getattr(self, "counted", False):
+            self.counted = False
+            with lock:
+                inflight[0] -= 1
+
     def send(self, code, body, headers=()):
+        self.done()
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -53,14 +71,33 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/v1/models":
             owner = {"owned_by": "vllm"} if MODE == "vllm" else {}
             return self.send(200, {"data": [{"id": "fake-model", **owner}]})
+        if self.path == "/metrics" and MODE == "vllm":
+            data = (METRICS % (inflight[0], inflight[0] / 10)).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         self.send(404, {"error": "no"})
 
     def do_POST(self):
+        with lock:
+            inflight[0] += 1
+            now = inflight[0]
+        self.counted = True
+        try:
+            self.answer(now)
+        finally:
+            self.done()
+
+    def answer(self, now):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         prompt = body.get("prompt")
         with open(LOG, "a") as fh:
             fh.write(json.dumps({"prompt": prompt, "auth": self.headers.get("Authorization"),
-                                 "path": self.path, "body": body}) + "\n")
+                                 "path": self.path, "body": body, "inflight": now}) + "\n")
+        if body.get("ignore_eos"):
+            time.sleep(0.01 * body["max_tokens"])
         if self.path == "/v1/chat/completions":
             last = body["messages"][-1]["content"]
             message = {"role": "assistant", "content": " re:" + last + " STOP tail"}

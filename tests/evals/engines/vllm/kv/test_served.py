@@ -108,3 +108,31 @@ def test_a_served_arm_counts_the_tokens_its_server_computed(served) -> None:
     with pytest.raises(EngineError, match="refusing the arm") as err:
         refuse_unexecuted(wrong)
     assert "\n" not in str(err.value)
+
+
+def test_a_served_arm_under_load_counts_its_fillers_too(served) -> None:
+    """`load` on the served arm: each evaluated request amid three fillers, the server's own gauges sampled, and
+    the qa_kv count over the arm, fillers included, still equal to the tokens the server computed."""
+    model, _, _, server = served
+    load = {"concurrency": 4, "evaluated_slots": 1, "filler_max_tokens": 8}
+    engine = build_engine("openai", model, {"base_url": server.base_url, "timeout_s": 120, "load": load})
+    requests = [engine_base.GenerateRequest(prompt=f"Question {i}: {TEXT} Answer:", until=(), max_tokens=8)
+                for i in range(3)]
+    try:
+        results = engine.generate(requests)
+    finally:
+        engine.close()
+    record, execution = engine.load_record, engine.kv_execution  # type: ignore[attr-defined]
+    assert all(isinstance(r, engine_base.GenerateResult) for r in results)
+    assert record is not None and execution is not None
+    print(f"served load: {record.model_dump()}; counted requests {execution.requests}, tokens "
+          f"{execution.expected_tokens}, exact {execution.exact} ({execution.note})")
+    assert record.server == "vllm" and record.filler_ignore_eos and record.unrecorded == []
+    assert record.evaluated_requests == 3 and record.filler_requests >= 3 and record.companions_min > 2
+    assert record.max_running is not None and record.max_running >= 2  # vLLM's own num_requests_running
+    assert record.kv_cache_blocks is not None and record.kv_cache_blocks > 0 and record.preemptions == 0
+    # the server computed every filler: the count's requests are the evaluated ones and the fillers
+    assert execution.refusal is None and execution.requests == 3 + record.filler_requests
+    assert len(execution.layers) == SMOLLM2_LAYERS
+    if execution.exact:
+        assert {r.tokens for r in execution.layers} == {execution.expected_tokens}

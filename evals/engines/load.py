@@ -1,4 +1,4 @@
-"""The `load` option of a `vllm` arm: every evaluated request served amid others, as on a busy server.
+"""The `load` option (vllm and served arms): every evaluated request served amid others, as on a busy server.
 
 `engine_args.load = { concurrency = N, filler = "task" | "wikitext2", filler_max_tokens = M,
 evaluated_slots = K, kv_cache_blocks = B }` keeps N requests in vLLM at every step while any evaluated one
