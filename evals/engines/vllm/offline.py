@@ -79,7 +79,8 @@ INSTALL_HINT = (
 )
 
 
-def _import_vllm() -> Any:
+def import_vllm() -> Any:
+    """vllm, imported with the offline settings (EngineError with the install hint where it is missing)."""
     # model files come from the resolved folder: vLLM must not reach out (set before it reads its env)
     for key, value in OFFLINE_DEFAULTS.items():
         os.environ.setdefault(key, value)
@@ -92,14 +93,14 @@ def _import_vllm() -> Any:
 
 def engine_arg_names() -> list[str]:
     """Names vLLM's `EngineArgs` accepts (the flags an arm's engine_args may set)."""
-    vllm = _import_vllm()
+    vllm = import_vllm()
     return [f.name for f in dataclasses.fields(vllm.EngineArgs)]
 
 
 def supported_kv_dtypes(attention_backend: str | None) -> list[str] | None:
     """KV dtypes the attention backend that will run supports; None when vLLM checks it itself
     (CUDA with no backend forced: its selector skips backends that cannot serve the dtype)."""
-    _import_vllm()
+    import_vllm()
     from vllm.platforms import current_platform  # vllm: imported above with its install hint
     from vllm.v1.attention.backends.registry import AttentionBackendEnum  # vllm: as above
 
@@ -142,7 +143,7 @@ class VllmEngine:
     """vLLM's offline engine for one arm; requests are batched into one `LLM.generate` call."""
 
     def __init__(self, model: ResolvedModel, args: VllmEngineArgs) -> None:
-        vllm = _import_vllm()
+        vllm = import_vllm()
         check_flag_names(args, engine_arg_names())
         from vllm.platforms import current_platform  # vllm: imported above with its install hint
 
