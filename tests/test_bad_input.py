@@ -1,14 +1,18 @@
 """Bad input, tried systematically against the real CLI: every case is one `error:` line on stderr,
 exit code 2, no traceback, and a finished file planted in the output folder left byte-identical.
 
-Each case builds its inputs under tmp_path and runs `python -m qa.cli ...` in a subprocess; the
-cases run concurrently (each one mostly waits on imports). Cases that load no model stop before
-any work: `qa run` checks every name, file and argument of a spec up front (qa.pipeline.stages.preflight).
+Each case builds its inputs under tmp_path and runs the CLI's entry point (`qa.cli.main`, what
+`python -m qa.cli` runs) with the data folder in the environment and the case's folder as the working
+directory: the cases in SUBPROCESS_CASES (a spec, a model folder and a data file refused, one after a model
+load) as real `python -m qa.cli` processes, concurrently, the others one after another in this process
+(the same code path without paying the CLI's imports 40 times). Cases that load no model stop before any
+work: `qa run` checks every name, file and argument of a spec up front (qa.pipeline.stages.preflight).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -22,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from evals.records.samples import SampleRecord, sha256_text, write_records
+from qa.cli.main import main as cli_main
 from tests.evals.lmeval_fixtures import mc_lines, write_run
 from tests.shared_data import shared_data_dir
 
@@ -431,16 +436,46 @@ class Outcome:
     planted: dict[str, bytes | None]  # finished files after the command (None: gone)
 
 
-def _run(name: str, root: Path, data: Path) -> Outcome:
+# run as real `python -m qa.cli` processes: the whole path a user's shell takes, for a sample of the cases
+SUBPROCESS_CASES = ("malformed toml", "unknown model", "wrong GPQA password", "config.json wrong type (run)")
+
+
+def _env(data: Path) -> dict[str, str]:
+    return {"QA_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _planted(tmp: Path) -> dict[str, bytes | None]:
+    out = tmp / "out"
+    return {n: (out / n).read_bytes() if (out / n).exists() else None for n in FINISHED}
+
+
+def _case_dir(name: str, root: Path) -> Path:
     tmp = root / name.replace(" ", "_")
     tmp.mkdir()
+    return tmp
+
+
+def _run_process(tmp: Path, args: list[str], data: Path) -> Outcome:
+    proc = subprocess.run([sys.executable, "-m", "qa.cli", *args], cwd=tmp, env={**os.environ, **_env(data)},
+                          capture_output=True, text=True, timeout=600, check=False)
+    return Outcome(proc.returncode, proc.stderr, _planted(tmp))
+
+
+def _run_here(name: str, root: Path, data: Path) -> Outcome:
+    tmp = _case_dir(name, root)
     args = CASES[name].build(tmp, data)
-    env = {**os.environ, "QA_DATA_DIR": str(data), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "qa.cli", *args], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    out = tmp / "out"
-    planted = {n: (out / n).read_bytes() if (out / n).exists() else None for n in FINISHED}
-    return Outcome(proc.returncode, proc.stderr, planted)
+    err = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in _env(data).items():
+            mp.setenv(key, value)
+        mp.chdir(tmp)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                cli_main(args)
+                rc = 0
+            except SystemExit as exc:
+                rc = exc.code if isinstance(exc.code, int) else 1
+    return Outcome(rc, err.getvalue(), _planted(tmp))
 
 
 @pytest.fixture(scope="module")
@@ -452,9 +487,11 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
     from tests.evals.hf_fixtures import save_tiny
 
     save_tiny(root / "tiny")  # once, before the threads: transformers' lazy imports are not thread-safe
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {name: pool.submit(_run, name, root, data) for name in CASES}
-        return {name: f.result() for name, f in futures.items()}
+    built = {name: (tmp := _case_dir(name, root), CASES[name].build(tmp, data)) for name in SUBPROCESS_CASES}
+    with ThreadPoolExecutor(max_workers=len(SUBPROCESS_CASES)) as pool:  # the processes run beside the others
+        futures = {name: pool.submit(_run_process, *built[name], data) for name in SUBPROCESS_CASES}
+        here = {name: _run_here(name, root, data) for name in CASES if name not in SUBPROCESS_CASES}
+        return {**here, **{name: f.result() for name, f in futures.items()}}
 
 
 @pytest.mark.parametrize("name", list(CASES))
