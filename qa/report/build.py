@@ -89,7 +89,9 @@ def kv_section(inp: ReportInputs, figs: Figures) -> Section | None:
         return None
     if inp.kv is None:
         return Section(KV_TITLE, (Paragraph(line("kv_inspect.json could not be shown: ", inp.kv_problem or "")),))
+    memory = rows.kv_memory(inp.kv)
     blocks: list[Block] = [Paragraph(line(rows.kv_caption(inp.kv))),
+                           *((Paragraph(line(memory)),) if memory is not None else ()),
                            table(rows.KV_HEADERS, rows.kv_rows(inp.kv), frozenset(range(2, len(rows.KV_HEADERS))))]
     return Section(KV_TITLE, tuple(blocks) + ((figs.kv,) if figs.kv is not None else ()))
 

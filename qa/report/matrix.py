@@ -28,7 +28,9 @@ from qa.report.document import (
 from qa.report.html import render_html
 from qa.report.markdown import render_markdown
 from qa.textfmt import pts
+from quant.errors import QuantError
 from quant.fileio import atomic_write_text
+from quant.kv.inspect_report import load_inspect
 
 
 def _delta(verdict: Verdict | None, task: str) -> str:
@@ -36,13 +38,36 @@ def _delta(verdict: Verdict | None, task: str) -> str:
     return "" if tv is None or tv.delta is None else pts(tv.delta)
 
 
-def status_table(run: RunVerdict) -> Table:
-    """Candidate x task: each candidate (linked to its report.md) and its status per task ('-': not run)."""
+def kv_memory(run_dir: Path, run: RunVerdict) -> dict[str, tuple[int, int]]:
+    """candidate -> (KV bytes per token, the 16-bit cache's) from its kv_inspect.json (candidates without one, or
+    whose report predates the geometry, are left out)."""
+    rd, out = RunDir(run_dir), {}
+    for c in run.candidates:
+        path = rd.candidate(c.name).kv_inspect
+        if path.is_file():
+            try:
+                sizes = load_inspect(path).bytes_per_token()
+            except QuantError:
+                continue
+            if sizes is not None:
+                out[c.name] = sizes
+    return out
+
+
+def _bytes(sizes: tuple[int, int] | None) -> str:
+    return "-" if sizes is None else f"{sizes[0]} ({100 * sizes[0] / sizes[1]:.0f}%)"
+
+
+def status_table(run: RunVerdict, memory: dict[str, tuple[int, int]] | None = None) -> Table:
+    """Candidate x task: each candidate (linked to its report.md), its status per task ('-': not run) and, when
+    `memory` has any, its KV bytes per token (% of the 16-bit cache's)."""
     tasks = matrix_tasks(run)
+    mem = memory or {}
     body = [[Cell(c.name, link=f"{c.folder}/report.md"), Cell(STATUS_MARK[c.status], status=c.status)]
+            + ([Cell(_bytes(mem.get(c.name)))] if mem else [])
             + [Cell(STATUS_MARK[c.tasks[t]], status=c.tasks[t]) if t in c.tasks else Cell("-") for t in tasks]
             for c in run.candidates]
-    return table(["candidate", "verdict", *tasks], body)
+    return table(["candidate", "verdict", *(["KV bytes/token"] if mem else []), *tasks], body)
 
 
 def delta_table(run: RunVerdict, verdicts: dict[str, Verdict]) -> Table:
@@ -52,8 +77,9 @@ def delta_table(run: RunVerdict, verdicts: dict[str, Verdict]) -> Table:
     return table(["candidate", *tasks], body, frozenset(range(1, len(tasks) + 1)))
 
 
-def matrix_document(run: RunVerdict, verdicts: dict[str, Verdict]) -> Document:
-    """The run-level report of a several-candidate run, once, for both renderers."""
+def matrix_document(run: RunVerdict, verdicts: dict[str, Verdict],
+                    memory: dict[str, tuple[int, int]] | None = None) -> Document:
+    """The run-level report of a several-candidate run, once, for both renderers (`memory`: kv_memory's)."""
     intro = line("Each candidate is compared with baseline ", Code(run.baseline),
                  " on the same items and gated on its own; policy ", run.policy_name,
                  f" ({run.policy_sha256[:12]}).")
@@ -66,7 +92,7 @@ def matrix_document(run: RunVerdict, verdicts: dict[str, Verdict]) -> Document:
     return Document(
         f"{run.status.upper()}: {len(run.candidates)} candidates",
         Banner(run.status, run.summary, intro),
-        (Section("Candidate x task", (status_table(run),)),
+        (Section("Candidate x task", (status_table(run, memory),)),
          Section("Delta (candidate - baseline, points)", (delta_table(run, verdicts),)),
          Section("Candidates", (Bullets(candidates),))),
     )
@@ -75,7 +101,7 @@ def matrix_document(run: RunVerdict, verdicts: dict[str, Verdict]) -> Document:
 def render_matrix(run_dir: Path, run: RunVerdict, verdicts: dict[str, Verdict]) -> tuple[Path, Path]:
     """Write report.md and report.html of a several-candidate run at its root; their paths."""
     rd = RunDir(run_dir)
-    doc = matrix_document(run, verdicts)
+    doc = matrix_document(run, verdicts, kv_memory(run_dir, run))
     atomic_write_text(rd.report_md, render_markdown(doc, {}))
     atomic_write_text(rd.report_html, render_html(doc))
     return rd.report_md, rd.report_html

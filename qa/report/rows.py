@@ -307,6 +307,20 @@ def kv_rows(report: InspectReport) -> list[list[str]]:
     return rows
 
 
+def kv_memory(report: InspectReport) -> str | None:
+    """One line: the candidate's KV-cache bytes per token against the 16-bit cache's (None without the geometry)."""
+    sizes = report.bytes_per_token()
+    if sizes is None:
+        return None
+    quantized, plain = sizes
+    per_layer = {layer.format for layer in report.layers}
+    kept = sum(layer.format == "none" for layer in report.layers)
+    how = f"; {kept} of {len(report.layers)} layers kept unquantized" if kept and len(per_layer) > 1 else ""
+    return (f"KV-cache memory: {quantized} bytes per token over {len(report.layers)} layers, "
+            f"{100 * quantized / plain:.1f}% of the 16-bit cache's {plain} (data, scales and any norms or "
+            f"padding, by the formats' definitions{how})")
+
+
 def kv_caption(report: InspectReport) -> str:
     """One line naming what kv_inspect.json measured."""
     spec = report.spec

@@ -141,7 +141,7 @@ def inspect_kv(
     spec = spec.model_copy(update={"prefill_reads_quantized": True})
     model.eval()
     device = next(model.parameters()).device
-    model_kv_shape(model.config)  # QuantError for recurrent (hybrid) layers: every layer here has K/V
+    shape = model_kv_shape(model.config)  # QuantError for recurrent (hybrid) layers: every layer here has K/V
     layer_count = len(make_cache(model.config, spec, scales).layers)
     acc = {(i, kind): _Acc() for i in range(layer_count) for kind in "kv"}
     attn = {i: [0.0, 0.0] for i in range(layer_count)}  # [sum |o|^2, sum |o^ - o|^2]
@@ -203,4 +203,7 @@ def inspect_kv(
         n_prompts=int(prompts.shape[0]),
         tokens_per_prompt=int(prompts.shape[1]),
         layers=layers,
+        kv_heads=shape.num_kv_heads,
+        k_head_dim=shape.k_head_dim,
+        v_head_dim=shape.v_head_dim,
     )

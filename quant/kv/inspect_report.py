@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_text
+from quant.formats.catalog import kv_bytes_per_token
 from quant.kv.spec import KVQuantSpec
 from quant.scales.folder import ScalesReading
 from quant.validation import first_error
@@ -95,6 +96,21 @@ class InspectReport(BaseModel):
     tokens_per_prompt: int
     layers: list[LayerReport]
     scales_check: FolderScalesCheck | None = None  # scales read from a model folder: their convention
+    # what each attention layer caches per token (quant.kv.shape); None in reports written before it was kept
+    kv_heads: int | None = None
+    k_head_dim: int | None = None
+    v_head_dim: int | None = None
+
+    def bytes_per_token(self, model_bytes: int = 2) -> tuple[int, int] | None:
+        """(bytes one token takes in the KV cache over every layer in each layer's format, the same with every
+        layer unquantized at `model_bytes` per element), by the formats' definitions
+        (quant.formats.catalog.kv_bytes_per_token: data, scales, norms, slot padding); None without the geometry."""
+        if self.kv_heads is None or self.k_head_dim is None:
+            return None
+        def size(fmt: str) -> int:
+            return kv_bytes_per_token(fmt, self.k_head_dim, self.kv_heads, head_dim_v=self.v_head_dim,
+                                      model_bytes=model_bytes)
+        return sum(size(layer.format) for layer in self.layers), len(self.layers) * size("none")
 
 
 def save_inspect(path: Path, report: InspectReport) -> Path:

@@ -38,3 +38,17 @@ def test_the_matrix_page_has_the_same_tables_and_links() -> None:
     assert '<a href="candidates/reference/report.md">reference</a>' in page
     assert '<a href="candidates/aa/report.html">report.html</a>' in page
     assert '<td class="num">-19.8 pts</td>' in page and "<script" not in page
+
+
+def test_the_matrix_shows_each_candidates_kv_bytes_per_token_when_known() -> None:
+    rd = RunDir(RUN)
+    verdicts = {}
+    for name in several(RUN):
+        crd = rd.candidate(name)
+        verdicts[name], _ = resolve_verdict(crd, crd.load_comparison(), None)
+    folders = {n: rd.candidate(n).root.relative_to(rd.root).as_posix() for n in verdicts}
+    run = run_verdict(verdicts, folders)
+    first = run.candidates[0].name
+    md = render_markdown(matrix_document(run, verdicts, {first: (6480, 23040)}), {})
+    assert "| candidate | verdict | KV bytes/token |" in md
+    assert "| 6480 (28%) |" in md and md.count("| \\- |") == len(run.candidates) - 1  # the others: not known

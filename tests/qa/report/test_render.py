@@ -15,6 +15,7 @@ import pytest
 from qa.api import gate
 from qa.files.policy import default_policy, parse_policy
 from qa.report import render
+from quant.formats.catalog import kv_bytes_per_token
 from quant.kv.inspect import InspectReport
 from tests.qa.gate_fixtures import (
     GPQA_SECRET,
@@ -143,6 +144,15 @@ def test_kv_section_shows_the_inspect_report_in_both_files(
         assert f"{attn0:.3g} / {attn0:.3g}" in text
     kv_table = page.split("<h2>Per-layer KV-cache error</h2>", 1)[1].split("</table>", 1)[0]
     assert kv_table.count("<tr>") == 1 + 2  # header + the nvfp4 and the none (skipped) layers
+    # the cache's memory, by the formats' definitions on the model's own geometry
+    r = inspect_report
+    assert r.kv_heads is not None and r.k_head_dim is not None
+    size = {f: kv_bytes_per_token(f, r.k_head_dim, r.kv_heads, head_dim_v=r.v_head_dim) for f in ("nvfp4", "none")}
+    assert r.bytes_per_token() == (size["nvfp4"] + size["none"], 2 * size["none"])
+    for text in (page.replace("&#x27;", "'"), md):
+        assert (f"KV-cache memory: {size['nvfp4'] + size['none']} bytes per token over 2 layers, "
+                f"{100 * (size['nvfp4'] + size['none']) / (2 * size['none']):.1f}% of the 16-bit cache's "
+                f"{2 * size['none']}") in text and "1 of 2 layers kept unquantized" in text
 
 
 def test_a_kv_inspect_json_of_another_shape_is_named_not_shown(tmp_path: Path) -> None:
