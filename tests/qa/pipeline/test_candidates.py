@@ -22,6 +22,8 @@ from qa import api
 from qa.files.rundir import RunDir
 from qa.files.spec import parse_spec
 from qa.files.verdict import RunVerdict, Verdict, load_verdict
+from qa.gate.summary import STATUS_MARK
+from quant.kv.inspect_report import load_inspect
 from tests.shared_data import shared_data_dir
 
 TASKS = """
@@ -107,7 +109,11 @@ def test_three_candidates_give_three_paired_verdicts_and_a_matrix(three: tuple[P
     md, page = rd.report_md.read_text(), rd.report_html.read_text()
     for name in CANDIDATES:
         assert f"candidates/{name}/report.html" in page and f"(candidates/{name}/report.md)" in md
-    assert "| candidate | verdict | arc_easy | mmlu |" in md
+    assert "| candidate | verdict | KV bytes/token | arc_easy | mmlu |" in md
+    for name in ("nvfp4_kv", "fp8_kv"):  # the emulated caches' memory, from their kv_inspect.json
+        sizes = load_inspect(rd.candidate(name).kv_inspect).bytes_per_token()
+        assert sizes is not None and f"| {sizes[0]} ({100 * sizes[0] / sizes[1]:.0f}%) |" in md
+    assert f"[plain](candidates/plain/report.md) | {STATUS_MARK[statuses[0]]} | \\- |" in md
     assert "<script" not in page
     suites = ET.fromstring(rd.junit.read_text().split("\n", 1)[1]).findall("testsuite")
     assert [s.get("name") for s in suites] == [f"qa gate: {n} vs baseline" for n in CANDIDATES]
