@@ -89,8 +89,9 @@ def _check_format_fits(fmt: KVFormat, shape: ModelKVShape, where: int | str) -> 
     label = f"layer {where}" if isinstance(where, int) else where
     if shape.mla and fmt.name in PER_ROW_FORMATS:
         raise QuantError(
-            f"{label}: format {fmt.name!r} keeps one scale per token row, but an MLA entry is one row "
-            "[kv_c | k_pe] that the emulator stores as two; use nvfp4, mxfp4 or fp8"
+            f"{label}: format {fmt.name!r} quantizes each token's row as one unit (its scale, zero point or "
+            "rotation spans the row), but an MLA entry is one row [kv_c | k_pe] that the emulator stores as two; "
+            "use nvfp4, mxfp4 or fp8"
         )
     for kind, width in (("K", shape.k_head_dim), ("V", shape.v_head_dim)):
         try:

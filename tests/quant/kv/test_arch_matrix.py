@@ -154,7 +154,7 @@ def test_a_hybrid_model_keeps_its_recurrent_layers_unquantized() -> None:
 
 REFUSALS = [  # (family, config overrides, spec, the one line's gist)
     ("qwen3_next", {}, {"skip_layers": [0]}, "names layer 0, a linear_attention layer"),
-    ("deepseek_v3", {}, {"format": "int8"}, "keeps one scale per token row"),
+    ("deepseek_v3", {}, {"format": "int8"}, "quantizes each token's row as one unit"),
     ("deepseek_v3", {}, {"format": "mxfp4"}, "cannot store V of qk_rope_head_dim 16"),
     ("deepseek_v3", {}, {"profile": "flashinfer-nvfp4"}, "is MLA"),
     ("gpt_oss", {}, {"profile": "flashinfer-nvfp4"}, "attends with learned sinks"),
