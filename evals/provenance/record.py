@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quant.formats.catalog import kv_bytes_per_token
 from quant.scales.conventions import CONVENTIONS, expected_convention, mismatch_factor
 from quant.scales.folder import ScalesReading
 
@@ -37,6 +38,8 @@ class LayerScales(BaseModel):
     format: str  # the layer's KV storage format / dtype ("none": kept unquantized)
     k_scale: list[float]
     v_scale: list[float]
+    num_kv_heads: int | None = None  # what the layer caches per token, where the engine said (the qa_kv plugin)
+    head_size: int | None = None
 
 
 class KVProvenance(BaseModel):
@@ -59,6 +62,17 @@ class KVProvenance(BaseModel):
     folder_scales: ScalesReading | None = None  # how a model folder's scales were read (module docstring)
     layers: list[LayerScales] = Field(default_factory=list)
     log_lines: list[str] = Field(default_factory=list)  # a server log's lines about KV dtype and scales
+
+    def bytes_per_token(self, model_bytes: int = 2) -> tuple[int, int] | None:
+        """(bytes one token takes in the KV cache over every layer in its format, the same unquantized at
+        `model_bytes` per element) by the formats' definitions (quant.formats.catalog.kv_bytes_per_token);
+        None unless every layer recorded its geometry."""
+        if not self.layers or any(s.num_kv_heads is None or s.head_size is None for s in self.layers):
+            return None
+        sizes = [(kv_bytes_per_token(s.format, s.head_size, s.num_kv_heads, model_bytes=model_bytes),  # type: ignore[arg-type]
+                  kv_bytes_per_token("none", s.head_size, s.num_kv_heads, model_bytes=model_bytes))  # type: ignore[arg-type]
+                 for s in self.layers]
+        return sum(q for q, _ in sizes), sum(p for _, p in sizes)
 
     @property
     def quantized(self) -> bool:

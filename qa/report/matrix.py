@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evals.errors import RecordError
 from qa.files.rundir import RunDir
 from qa.files.verdict import RunVerdict, Verdict
+from qa.gate.provenance import load_kv_provenance
 from qa.gate.summary import STATUS_MARK, matrix_tasks
 from qa.report.document import (
     Banner,
@@ -39,18 +41,21 @@ def _delta(verdict: Verdict | None, task: str) -> str:
 
 
 def kv_memory(run_dir: Path, run: RunVerdict) -> dict[str, tuple[int, int]]:
-    """candidate -> (KV bytes per token, the 16-bit cache's) from its kv_inspect.json (candidates without one, or
-    whose report predates the geometry, are left out)."""
+    """candidate -> (KV bytes per token, the 16-bit cache's) from its kv_inspect.json, else from the KV provenance
+    its arm.json recorded (the qa_kv plugin's per-layer geometry); candidates with neither are left out."""
     rd, out = RunDir(run_dir), {}
     for c in run.candidates:
         path = rd.candidate(c.name).kv_inspect
-        if path.is_file():
-            try:
+        sizes = None
+        try:
+            if path.is_file():
                 sizes = load_inspect(path).bytes_per_token()
-            except QuantError:
-                continue
-            if sizes is not None:
-                out[c.name] = sizes
+            if sizes is None and (kv := load_kv_provenance(rd.arm_records(c.name))) is not None:
+                sizes = kv.bytes_per_token()
+        except (QuantError, RecordError):
+            continue
+        if sizes is not None:
+            out[c.name] = sizes
     return out
 
 

@@ -74,6 +74,13 @@ def section(inp: ReportInputs) -> Section | None:
     note = finding(inp, provs)
     if note is not None:
         blocks.append(Paragraph(line("Scales check: ", note)))
+    cand = provs.get(inp.comparison.candidate)
+    sizes = cand.bytes_per_token() if cand is not None else None
+    if cand is not None and sizes is not None:
+        blocks.append(Paragraph(line(
+            f"KV-cache memory of {inp.comparison.candidate}: {sizes[0]} bytes per token over {len(cand.layers)} "
+            f"layers, {100 * sizes[0] / sizes[1]:.1f}% of the 16-bit cache's {sizes[1]} (by the formats' "
+            "definitions: data, scales and any norms or padding)")))
     logged = [line(arm, " server log: ", Code(text)) for arm, kv in provs.items() for text in kv.log_lines]
     if logged:
         blocks.append(bullets(logged))

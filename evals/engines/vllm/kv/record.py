@@ -55,6 +55,10 @@ class RewrittenLayer(BaseModel):
     # per-head scales: the model's KV heads k_scale / v_scale belong to, in order (a tensor-parallel rank's
     # share, evals.engines.vllm.kv.heads); empty: one scale for every head
     kv_heads: list[int] = Field(default_factory=list)
+    # what the layer caches per token on this rank (vLLM's Attention num_kv_heads, head_size); None: MLA, or a
+    # record written before they were kept
+    num_kv_heads: int | None = None
+    head_size: int | None = None
 
 
 class PluginRecord(BaseModel):
@@ -301,8 +305,8 @@ def emulated_provenance(record: PluginRecord, source: ProvenanceSource) -> KVPro
     """The arm's KV provenance from a plugin record: emulated in vLLM, the spec's format, its scales
     (origin, sha256, convention) and every rewritten layer's format and decode scales."""
     spec = KVQuantSpec.model_validate(record.spec)
-    layers = [LayerScales(layer=r.layer, format=r.format, k_scale=r.k_scale, v_scale=r.v_scale)
-              for r in record.layers]
+    layers = [LayerScales(layer=r.layer, format=r.format, k_scale=r.k_scale, v_scale=r.v_scale,
+                          num_kv_heads=r.num_kv_heads, head_size=r.head_size) for r in record.layers]
     quantized = any(r.format != "none" for r in record.layers)
     origin, sha, convention = scales_identity(spec) if quantized else ("unquantized", None, None)
     kinds = sorted({r.kind for r in record.layers})

@@ -109,6 +109,9 @@ def test_nvfp4_cache_writes_are_quant_nvfp4_values_bit_for_bit(model, plain, cap
     assert lp.target_logprobs != plain[0].target_logprobs  # the emulated cache moves the log-probs
     assert prov.kv_dtype == "nvfp4" and prov.scales_origin == "constant" and prov.constant_scale == DECODE_SCALE
     assert {s.format for s in prov.layers} == {"nvfp4"} and len(prov.layers) == SMOLLM2_LAYERS
+    # each layer's geometry as vLLM's Attention holds it: SmolLM2 caches 3 KV heads of 64 per token
+    assert {(s.num_kv_heads, s.head_size) for s in prov.layers} == {(3, 64)}
+    assert prov.bytes_per_token() == (SMOLLM2_LAYERS * 3 * 2 * (32 + 4), SMOLLM2_LAYERS * 3 * 2 * 64 * 2)
 
 
 def test_what_vllm_cannot_honour_is_refused_in_one_line(model) -> None:
