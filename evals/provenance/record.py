@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quant.formats.catalog import kv_bytes_per_token
+from quant.formats.catalog import cache_bytes_per_token
 from quant.scales.conventions import CONVENTIONS, expected_convention, mismatch_factor
 from quant.scales.folder import ScalesReading
 
@@ -69,10 +69,8 @@ class KVProvenance(BaseModel):
         None unless every layer recorded its geometry."""
         if not self.layers or any(s.num_kv_heads is None or s.head_size is None for s in self.layers):
             return None
-        sizes = [(kv_bytes_per_token(s.format, s.head_size, s.num_kv_heads, model_bytes=model_bytes),  # type: ignore[arg-type]
-                  kv_bytes_per_token("none", s.head_size, s.num_kv_heads, model_bytes=model_bytes))  # type: ignore[arg-type]
-                 for s in self.layers]
-        return sum(q for q, _ in sizes), sum(p for _, p in sizes)
+        return cache_bytes_per_token([(s.format, s.head_size, s.num_kv_heads, None)  # type: ignore[misc]
+                                      for s in self.layers], model_bytes)
 
     @property
     def quantized(self) -> bool:

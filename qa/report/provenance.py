@@ -10,6 +10,7 @@ from qa.files.rundir import RunDir
 from qa.gate.provenance import FAILING, check_scales, load_kv_provenance
 from qa.report.document import Block, Code, Paragraph, Section, bullets, line, table
 from qa.report.gather import ReportInputs
+from qa.report.rows import memory_line
 
 TITLE = "KV cache and scales that ran"
 HEADERS = ("arm", "engine said", "KV dtype", "stored as", "scales", "k_scale per layer", "v_scale per layer")
@@ -75,12 +76,9 @@ def section(inp: ReportInputs) -> Section | None:
     if note is not None:
         blocks.append(Paragraph(line("Scales check: ", note)))
     cand = provs.get(inp.comparison.candidate)
-    sizes = cand.bytes_per_token() if cand is not None else None
-    if cand is not None and sizes is not None:
-        blocks.append(Paragraph(line(
-            f"KV-cache memory of {inp.comparison.candidate}: {sizes[0]} bytes per token over {len(cand.layers)} "
-            f"layers, {100 * sizes[0] / sizes[1]:.1f}% of the 16-bit cache's {sizes[1]} (by the formats' "
-            "definitions: data, scales and any norms or padding)")))
+    memory = memory_line(cand.bytes_per_token(), [s.format for s in cand.layers]) if cand is not None else None
+    if memory is not None:
+        blocks.append(Paragraph(line(f"{inp.comparison.candidate}: ", memory)))
     logged = [line(arm, " server log: ", Code(text)) for arm, kv in provs.items() for text in kv.log_lines]
     if logged:
         blocks.append(bullets(logged))

@@ -309,14 +309,18 @@ def kv_rows(report: InspectReport) -> list[list[str]]:
 
 def kv_memory(report: InspectReport) -> str | None:
     """One line: the candidate's KV-cache bytes per token against the 16-bit cache's (None without the geometry)."""
-    sizes = report.bytes_per_token()
+    return memory_line(report.bytes_per_token(), [layer.format for layer in report.layers])
+
+
+def memory_line(sizes: tuple[int, int] | None, formats: list[str]) -> str | None:
+    """'KV-cache memory: N bytes per token over L layers, P% of the 16-bit cache's M (...)' for `sizes`
+    (quantized, 16-bit) over layers of `formats` (None when the sizes are not known)."""
     if sizes is None:
         return None
     quantized, plain = sizes
-    per_layer = {layer.format for layer in report.layers}
-    kept = sum(layer.format == "none" for layer in report.layers)
-    how = f"; {kept} of {len(report.layers)} layers kept unquantized" if kept and len(per_layer) > 1 else ""
-    return (f"KV-cache memory: {quantized} bytes per token over {len(report.layers)} layers, "
+    kept = formats.count("none")
+    how = f"; {kept} of {len(formats)} layers kept unquantized" if kept and len(set(formats)) > 1 else ""
+    return (f"KV-cache memory: {quantized} bytes per token over {len(formats)} layers, "
             f"{100 * quantized / plain:.1f}% of the 16-bit cache's {plain} (data, scales and any norms or "
             f"padding, by the formats' definitions{how})")
 

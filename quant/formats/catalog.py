@@ -9,6 +9,7 @@ check at import that their registries are these names.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -73,6 +74,15 @@ def kv_bytes_per_token(name: str, head_dim: int, num_kv_heads: int, *, head_dim_
     k = head_dim if key_bits == 8 else -(-head_dim * key_bits // 8) + 2  # FP8 bytes, or indices + fp16 norm
     v = -(-dv * value_bits // 8) + 4  # codes + fp16 scale + fp16 zero
     return num_kv_heads * (k + v + (k + v) % 2)
+
+
+def cache_bytes_per_token(layers: Iterable[tuple[str, int, int, int | None]],
+                          model_bytes: int = 2) -> tuple[int, int]:
+    """(bytes one token takes over every layer in its format, the same with every layer unquantized at
+    `model_bytes` per element); `layers`: (format, head_dim, num_kv_heads, head_dim_v or None) per layer."""
+    sizes = [(kv_bytes_per_token(f, d, h, head_dim_v=dv, model_bytes=model_bytes),
+              kv_bytes_per_token("none", d, h, head_dim_v=dv, model_bytes=model_bytes)) for f, d, h, dv in layers]
+    return sum(q for q, _ in sizes), sum(p for _, p in sizes)
 
 
 def unknown_format(name: str) -> QuantError:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from quant.errors import QuantError
 from quant.fileio import atomic_write_text
-from quant.formats.catalog import kv_bytes_per_token
+from quant.formats.catalog import cache_bytes_per_token
 from quant.kv.spec import KVQuantSpec
 from quant.scales.folder import ScalesReading
 from quant.validation import first_error
@@ -107,10 +107,8 @@ class InspectReport(BaseModel):
         (quant.formats.catalog.kv_bytes_per_token: data, scales, norms, slot padding); None without the geometry."""
         if self.kv_heads is None or self.k_head_dim is None:
             return None
-        def size(fmt: str) -> int:
-            return kv_bytes_per_token(fmt, self.k_head_dim, self.kv_heads, head_dim_v=self.v_head_dim,
-                                      model_bytes=model_bytes)
-        return sum(size(layer.format) for layer in self.layers), len(self.layers) * size("none")
+        return cache_bytes_per_token([(layer.format, self.k_head_dim, self.kv_heads, self.v_head_dim)
+                                      for layer in self.layers], model_bytes)
 
 
 def save_inspect(path: Path, report: InspectReport) -> Path:
