@@ -236,7 +236,9 @@ def install(model: Any, model_config: Any, target_device: Any) -> PluginRecord |
             k_scale=[] if plan.k_scale is None else [float(x) for x in plan.k_scale.reshape(-1)],
             v_scale=[] if plan.v_scale is None else [float(x) for x in plan.v_scale.reshape(-1)],
             kv_heads=[] if heads is None or plan.k_scale is None or not plan.k_scale.dim() else list(heads),
-            num_kv_heads=None if is_mla else int(module.num_kv_heads),
+            # the model's KV heads, not this rank's share: a tensor-parallel rank holds num_kv_heads of them
+            # (one each, replicated, where ranks outnumber them)
+            num_kv_heads=None if is_mla else min(int(module.num_kv_heads) * tp[0], total_heads),
             head_size=None if is_mla else int(module.head_size)))
     LOADS.append(InstalledLoad(index=len(LOADS), role=role, layers=tuple(plans), engine=engine_number(config)))
     expose_counts()

@@ -55,8 +55,9 @@ class RewrittenLayer(BaseModel):
     # per-head scales: the model's KV heads k_scale / v_scale belong to, in order (a tensor-parallel rank's
     # share, evals.engines.vllm.kv.heads); empty: one scale for every head
     kv_heads: list[int] = Field(default_factory=list)
-    # what the layer caches per token on this rank (vLLM's Attention num_kv_heads, head_size); None: MLA, or a
-    # record written before they were kept
+    # what the layer caches per token over the model's KV heads (vLLM's Attention num_kv_heads times the
+    # tensor-parallel ranks, at most the model's KV heads; head_size); None: MLA, or a record written before
+    # they were kept
     num_kv_heads: int | None = None
     head_size: int | None = None
 

@@ -255,6 +255,7 @@ def test_tp2_log_probs_equal_the_hf_emulators_and_tp1s(tiny: ResolvedModel, tp2:
     assert diff_hf <= LOGPROB_TOL and diff_tp1 <= LOGPROB_TOL
     assert tp2["text"] == hf[1] == tp1[1]
     assert [s.model_dump() for s in tp2["prov"].layers] == [s.model_dump() for s in tp1[2].layers]
+    assert {s.num_kv_heads for s in tp2["prov"].layers} == {KV_HEADS}  # the model's heads, not a rank's two
     # what a rank that kept the first heads' scales would do (rank 1 at heads 0-1's): far outside the noise
     k_amax, v_amax = _amax()
     wrong = {"format": "nvfp4", "scales": "static", "scales_file": _save_scales(
