@@ -203,12 +203,15 @@ def make_cache(model_config: Any, spec: KVQuantSpec, scales: KVScales | None = N
     prefix_cache = spec.prefix_cache is not None and spec.prefix_cache.enabled  # its hits crop caches exactly
     skips = spec.layer_skips(config_layers(model_config.get_text_config(decoder=True)))  # as vLLM resolves them
     layers: list[Any] = []
+    fitting: set[str] = set()  # formats already checked against this shape (the first layer that uses each)
     for i, (layer_type, window) in enumerate(zip(shape.layer_types, shape.sliding_windows)):
         if layer_type in RECURRENT_LAYER_TYPES:
             layers.append(recurrent_layer(model_config, layer_type))
             continue
         fmt = spec_format(spec, i, skips)
-        _check_format_fits(fmt, shape, i)
+        if fmt.name not in fitting:
+            _check_format_fits(fmt, shape, i)
+            fitting.add(fmt.name)
         layer_recent = None if fmt.name == "none" else recent_fmt
         kinds: tuple[KVKind, KVKind] = ("k", "v")
         k_plan, v_plan = (

@@ -143,15 +143,18 @@ def inspect_kv(
     device = next(model.parameters()).device
     shape = model_kv_shape(model.config)  # QuantError for recurrent (hybrid) layers: every layer here has K/V
     layer_count = len(make_cache(model.config, spec, scales).layers)
+    modules = _attention_modules(model)
     acc = {(i, kind): _Acc() for i in range(layer_count) for kind in "kv"}
     attn = {i: [0.0, 0.0] for i in range(layer_count)}  # [sum |o|^2, sum |o^ - o|^2]
     formats: dict[int, str] = {}
     for row in prompts:
         ids = row.unsqueeze(0).to(device)  # [1, T]
         kv, calls = _capture(model, ids)
+        # one fresh cache for the stored K/V and one for the attention calls: each layer of a cache keeps its
+        # own state and is written once here, so every layer starts empty
+        cache, attn_cache = make_cache(model.config, spec, scales), make_cache(model.config, spec, scales)
         for i in range(layer_count):
             k, v = kv[i][0].contiguous(), kv[i][1].contiguous()
-            cache = make_cache(model.config, spec, scales)
             layer: QuantizedKVLayer = cache.layers[i]
             formats[i] = layer.format
             with torch.no_grad():
@@ -177,9 +180,7 @@ def inspect_kv(
                 args, kwargs, out = calls[i]
                 key = next((name for name in CACHE_KWARGS if name in kwargs), "cache")
                 with torch.no_grad():
-                    qout = _attention_modules(model)[i](
-                        *args, **{**kwargs, key: make_cache(model.config, spec, scales)}
-                    )[0]
+                    qout = modules[i](*args, **{**kwargs, key: attn_cache})[0]
                 attn[i][0] += float(out.to(torch.float32).square().sum())
                 attn[i][1] += float((qout.to(torch.float32) - out.to(torch.float32)).square().sum())
     layers = [

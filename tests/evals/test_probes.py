@@ -12,7 +12,7 @@ from evals.errors import EvalError
 from evals.tasks import get_task
 from evals.tasks.base import TaskOptions
 from evals.tasks.needle import CHARS_PER_TOKEN, INSTRUCTION, NeedleTask, first_number
-from evals.tasks.wikitext_kl import chunk_scores, pack_lines, split_articles
+from evals.tasks.wikitext_kl import chunk_scores, lm_eval_detokenizer, pack_lines, split_articles
 from tests.shared_data import shared_data_dir
 
 
@@ -53,6 +53,15 @@ def test_wikitext_items_from_the_real_test_split() -> None:
     req = task.request(items[3], repeat=0, seed=0)
     assert req == TokenLogprobsRequest(text=items[3].doc["text"], top_k=20, max_tokens=512)
     assert task.items(_data_dir()) == items  # stable
+
+
+def test_the_detokenizer_is_lm_evals_own_function() -> None:
+    from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer  # lm-eval's, by module name
+
+    ours = lm_eval_detokenizer()
+    assert ours.__code__.co_code == wikitext_detokenizer.__code__.co_code  # the same file's function
+    page = " = A = \n 3 @,@ 000 km @-@ long ( n.b. ) ; it 's \" quoted \" , isn 't it ? \n"
+    assert ours({"page": page}) == wikitext_detokenizer({"page": page}) != page
 
 
 def test_wikitext_options_are_validated() -> None:
