@@ -40,7 +40,7 @@ from quant.kv.spec import KVQuantSpec
 REPO = Path(__file__).resolve().parents[1]
 HEADS, HEAD_DIM = 8, 128
 SCALE = 0.004  # constant decode scale of the tensor-scaled formats (a K amax of ~11 for NVFP4: 11 / 2688)
-PLUGIN_FORMATS = ("nvfp4", "nvfp4_4over6", "mxfp4", "fp8_e4m3", "fp8_e5m2", "int8", "int4", "none")
+PLUGIN_FORMATS = ("nvfp4", "nvfp4_4over6", "qa_mxfp4", "fp8_e4m3", "fp8_e5m2", "qa_int8", "qa_int4", "none")
 
 
 def plan_for(name: str, device: torch.device) -> LayerPlan:

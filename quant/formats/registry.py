@@ -153,9 +153,10 @@ class NVFP4Format:
 
 @dataclass(frozen=True)
 class MXFP4Format:
-    """`mxfp4`: OCP MX E2M1 with a power-of-two E8M0 scale per 32 elements; no tensor scale."""
+    """`qa_mxfp4`: OCP MX E2M1 with a power-of-two E8M0 scale per 32 elements; no tensor scale (the toolkit's own: no
+    vLLM KV format)."""
 
-    name: str = "mxfp4"
+    name: str = "qa_mxfp4"
     bits_per_element: float = MXFP4_BITS
     needs_tensor_scale: bool = False
 
@@ -215,7 +216,7 @@ class FP8Format:
 
 @dataclass(frozen=True)
 class IntFormat:
-    """`int8` / `int4`: the toolkit's own symmetric INT formats, one float32 scale per (token, head) row,
+    """`qa_int8` / `qa_int4`: the toolkit's own symmetric INT formats, one float32 scale per (token, head) row,
     round half to even; NOT vLLM's `int8_per_token_head` / `int4_per_token_head` (vllm_per_token_head)."""
 
     name: str
@@ -244,11 +245,11 @@ FORMATS: dict[str, KVFormat] = {
     "none": NoFormat(),
     "nvfp4": NVFP4Format(),
     "nvfp4_4over6": NVFP4Format(name="nvfp4_4over6", four_over_six=True),
-    "mxfp4": MXFP4Format(),
+    "qa_mxfp4": MXFP4Format(),
     "fp8_e4m3": FP8Format(name="fp8_e4m3", kind="e4m3"),
     "fp8_e5m2": FP8Format(name="fp8_e5m2", kind="e5m2"),
-    "int8": IntFormat(name="int8", bits=8, bits_per_element=8 + 32 / REFERENCE_HEAD_DIM),
-    "int4": IntFormat(name="int4", bits=4, bits_per_element=4 + 32 / REFERENCE_HEAD_DIM),
+    "qa_int8": IntFormat(name="qa_int8", bits=8, bits_per_element=8 + 32 / REFERENCE_HEAD_DIM),
+    "qa_int4": IntFormat(name="qa_int4", bits=4, bits_per_element=4 + 32 / REFERENCE_HEAD_DIM),
     "int8_per_token_head": PerTokenHeadFormat(name="int8_per_token_head", kind="int8"),
     "fp8_per_token_head": PerTokenHeadFormat(name="fp8_per_token_head", kind="fp8"),
     "int4_per_token_head": Int4PerTokenHeadFormat(),

@@ -41,7 +41,7 @@ from quant.scales.files import KVScales
 
 # formats with one scale per (token, head) row: an MLA entry [kv_c | k_pe] is one row, with one scale, where
 # the emulator's two streams would have two (block formats keep blocks inside kv_c or k_pe: widths % block)
-PER_ROW_FORMATS: tuple[str, ...] = ("int8", "int4", *VLLM_FORMATS)  # vLLM's: per (token, head) row
+PER_ROW_FORMATS: tuple[str, ...] = ("qa_int8", "qa_int4", *VLLM_FORMATS)  # vLLM's: per (token, head) row
 
 
 class QuantizedKVCache(RowOpsMixin, Cache):
@@ -91,7 +91,7 @@ def _check_format_fits(fmt: KVFormat, shape: ModelKVShape, where: int | str) -> 
         raise QuantError(
             f"{label}: format {fmt.name!r} quantizes each token's row as one unit (its scale, zero point or "
             "rotation spans the row), but an MLA entry is one row [kv_c | k_pe] that the emulator stores as two; "
-            "use nvfp4, mxfp4 or fp8"
+            "use nvfp4, qa_mxfp4 or fp8"
         )
     for kind, width in (("K", shape.k_head_dim), ("V", shape.v_head_dim)):
         try:

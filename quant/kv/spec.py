@@ -62,9 +62,9 @@ KVKind = Literal["k", "v"]  # which of a layer's two cached tensors
 AttentionIOFormat = Literal["fp8_e4m3"]  # what a kernel rounds Q (or its output) to: FP8 E4M3, scale 1.0
 
 # Formats whose stored bytes include per-block scale bytes (`data["scales"]`, one per block of head_dim).
-BLOCK_SCALED_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4")
+BLOCK_SCALED_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "qa_mxfp4")
 # Formats whose element codes are plain bytes that any random value can replace (no NaN encodings).
-CORRUPTIBLE_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "mxfp4", "int4", "int8")
+CORRUPTIBLE_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "qa_mxfp4", "qa_int4", "qa_int8")
 
 
 def _check_format(name: str) -> None:

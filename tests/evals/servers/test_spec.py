@@ -30,13 +30,13 @@ def test_a_vllm_server_spec_round_trips_through_its_json_form(tmp_path: Path) ->
 def test_a_json_form_written_before_still_loads(tmp_path: Path) -> None:
     """The form resolved.json has always kept: the fields, paths as strings, `kv` as the spec's full dump."""
     written = {"model": str(tmp_path), "served_model_name": "model", "args": {}, "python": "python", "env": {},
-               "kv": {"format": "int4", "layer_formats": {"3": "none"}, "skip_layers": [0], "scales": "dynamic",
+               "kv": {"format": "qa_int4", "layer_formats": {"3": "none"}, "skip_layers": [0], "scales": "dynamic",
                       "scales_file": None, "constant_scale": None, "recent_window": 0, "recent_format": "fp8_e4m3",
                       "prefill_reads_quantized": True, "scale_multiplier": 1.0, "v_scale_layout": "linear",
                       "corrupt_block_fraction": 0.0, "corrupt_seed": 0}}
     back = server_spec_from_json("vllm", written)
     assert isinstance(back, VllmServerSpec) and back.kv is not None
-    assert back.kv.format == "int4" and back.kv.layer_formats == {3: "none"} and back.kv.skip_layers == (0,)
+    assert back.kv.format == "qa_int4" and back.kv.layer_formats == {3: "none"} and back.kv.skip_layers == (0,)
     assert server_spec_to_json(back) == written
 
 

@@ -102,8 +102,8 @@ def test_calibrate_model_out_writes_a_vllm_model_folder(tiny_folder: Path, text_
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--format", "mxfp4", "--export", "vllm"],
-     "error: --model-out: a vLLM model folder takes fp8_e4m3, nvfp4, nvfp4_4over6 scales, not 'mxfp4'"),
+    (["--format", "qa_mxfp4", "--export", "vllm"],
+     "error: --model-out: a vLLM model folder takes fp8_e4m3, nvfp4, nvfp4_4over6 scales, not 'qa_mxfp4'"),
     (["--format", "fp8_e4m3"], "error: --model-out writes a vLLM model folder: add --export vllm"),
 ])
 def test_calibrate_model_out_usage_errors(tiny_folder: Path, text_file: Path, tmp_path: Path, extra: list[str],

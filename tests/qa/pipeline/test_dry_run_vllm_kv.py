@@ -26,7 +26,7 @@ HEAD = 'name = "dry"\nmodel = "smollm2-135m"\n[[tasks]]\nname = "gsm8k"\nlimit =
 OFFLINE = ('[arms.offline]\nengine = "vllm"\nengine_args = { max_model_len = 2048, kv = { format = "nvfp4", '
            'scales = "constant", constant_scale = 0.004 } }\n')
 SERVED = ('[arms.served]\nengine = "openai"\nserver = { kind = "vllm", args = { max_model_len = 2048 }, '
-          'kv = { format = "int4", skip_layers = [0] } }\n')
+          'kv = { format = "qa_int4", skip_layers = [0] } }\n')
 EXAMPLE = ROOT / "examples" / "deepseek_v4_flash_emulated_kv.toml"
 
 
@@ -48,7 +48,7 @@ def test_the_plugin_switch_is_shown_beside_each_arm(monkeypatch: pytest.MonkeyPa
     assert not [n for n in plan["baseline"].notes if "qa_kv" in n]  # no kv table: the plugin stays off
     assert _switch(plan["offline"]) == kv_spec_from_dict({"format": "nvfp4", "scales": "constant", "constant_scale": 0.004})
     assert "kv" not in plan["offline"].engine_args  # vLLM's LLM(...) never sees it
-    int4 = kv_spec_from_dict({"format": "int4", "skip_layers": [0]})
+    int4 = kv_spec_from_dict({"format": "qa_int4", "skip_layers": [0]})
     assert _switch(plan["served"]) == int4
     served = plan["served"].server
     assert served is not None
@@ -62,12 +62,12 @@ def test_the_plugin_switch_is_shown_beside_each_arm(monkeypatch: pytest.MonkeyPa
 @pytest.mark.parametrize(("arm", "match"), [
     (('[arms.c]\nengine = "vllm"\nengine_args = { kv = { format = "nvfp4", recent_window = 8, scales = "constant", '
      'constant_scale = 1.0 } }\n'), "FP8 recent window is the hf engine's"),
-    ('[arms.c]\nengine = "vllm"\nengine_args = { kv = { format = "int8", prefix_cache = { block = 16 } } }\n',
+    ('[arms.c]\nengine = "vllm"\nengine_args = { kv = { format = "qa_int8", prefix_cache = { block = 16 } } }\n',
      "hf engine's prefix cache"),
     ('[arms.c]\nengine = "vllm"\nengine_args = { kv = { format = "fp8_e4m3" } }\n', "no per-sequence scale"),
-    ('[arms.c]\nengine = "vllm"\nengine_args = { kv_cache_dtype = "fp8", kv = { format = "mxfp4" } }\n',
+    ('[arms.c]\nengine = "vllm"\nengine_args = { kv_cache_dtype = "fp8", kv = { format = "qa_mxfp4" } }\n',
      "quantized twice"),
-    ('[arms.c]\nengine = "openai"\nserver = { kind = "llamacpp", kv = { format = "int4" } }\n',
+    ('[arms.c]\nengine = "openai"\nserver = { kind = "llamacpp", kv = { format = "qa_int4" } }\n',
      "kv: not a setting of a llamacpp server"),
     (('[arms.c]\nengine = "vllm"\nengine_args = { kv = { format = "nvfp4", profile = "flashinfer-nvfp4", scales = '
      '"constant", constant_scale = 1.0 } }\n'), "models an attention kernel in the hf engine"),
@@ -82,7 +82,7 @@ def test_a_served_kv_vllm_cannot_honour_is_refused_once_where_the_run_is_resolve
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "no-python"))
     served = ('[arms.c]\nengine = "openai"\nserver = { kind = "vllm", args = { kv_cache_dtype = "fp8" }, kv = { '
-              'format = "int4" } }\n')
+              'format = "qa_int4" } }\n')
     spec = parse_spec(HEAD + served)  # the table parses: the check is resolve's (evals.engines.vllm.kv.spec)
     with pytest.raises(EngineError, match=r"^arm 'c': vllm server: kv cache spec: .*quantized twice") as err:
         api.dry_run(spec, data_dir=shared_data_dir())

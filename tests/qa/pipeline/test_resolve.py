@@ -158,7 +158,7 @@ engine = "openai"
 server = { kind = "vllm", args = { max_model_len = 2048 } }
 [arms.candidate]
 engine = "openai"
-server = { kind = "vllm", args = { max_model_len = 2048 }, kv = { format = "int4", skip_layers = [0] } }
+server = { kind = "vllm", args = { max_model_len = 2048 }, kv = { format = "qa_int4", skip_layers = [0] } }
 [[tasks]]
 name = "arc_easy"
 limit = 2

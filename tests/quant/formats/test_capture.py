@@ -14,7 +14,7 @@ from quant.formats.registry import FP8Format, NVFP4Format, get_format, quantize_
 H, D = 3, 64
 # every format the vLLM plugin rewrites, and FP8 with vLLM-CPU's truncating write (spec fp8_rounding)
 FORMATS = {name: get_format(name) for name in
-           ("none", "nvfp4", "nvfp4_4over6", "mxfp4", "fp8_e4m3", "fp8_e5m2", "int8", "int4")}
+           ("none", "nvfp4", "nvfp4_4over6", "qa_mxfp4", "fp8_e4m3", "fp8_e5m2", "qa_int8", "qa_int4")}
 FORMATS["fp8_e4m3_toward_zero"] = FP8Format(name="fp8_e4m3", kind="e4m3", rounding="toward_zero")
 FP8_MAX = {"e4m3": F8_E4M3_MAX, "e5m2": F8_E5M2_MAX}
 BITS = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
@@ -144,7 +144,7 @@ def test_scales_are_checked_once_when_prepared():
         capture.prepare(get_format("nvfp4"), torch.tensor(float("nan")), torch.tensor(1.0))
     with pytest.raises(QuantError, match="decode scale for K and for V"):
         capture.prepare(get_format("nvfp4"), None, None)
-    p = capture.prepare(get_format("int4"), None, None)
+    p = capture.prepare(get_format("qa_int4"), None, None)
     with pytest.raises(QuantError, match="D % 2 == 0"):
         capture.pair(p, torch.randn(2, 1, 7), torch.randn(2, 1, 8))
     assert capture.prepare(get_format("nvfp4"), torch.tensor(0.5), torch.tensor(0.25)).k_const.item() == 2.0

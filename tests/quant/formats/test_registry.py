@@ -13,19 +13,20 @@ from quant.errors import QuantError
 from quant.formats import nvfp4
 from quant.formats.catalog import VLLM_FORMATS
 from quant.formats.registry import FORMAT_NAMES, QuantizedTensor, get_format
+from quant.kv.spec import kv_spec_from_dict
 
-EXPECTED_NAMES = ("none", "nvfp4", "nvfp4_4over6", "mxfp4", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+EXPECTED_NAMES = ("none", "nvfp4", "nvfp4_4over6", "qa_mxfp4", "fp8_e4m3", "fp8_e5m2", "qa_int8", "qa_int4")
 QUANTIZED = tuple(n for n in EXPECTED_NAMES if n != "none")
 
 # SQNR (dB) of one round trip on the fixed tensors below, measured once; the bounds sit ~1 dB under
 # (a regression) and 4 dB over (a quantizer that silently stopped quantizing).
 SQNR_RANDOM = {
-    "nvfp4": 20.4, "nvfp4_4over6": 21.2, "mxfp4": 18.8, "fp8_e4m3": 31.5, "fp8_e5m2": 25.6,
-    "int8": 43.8, "int4": 18.6,
+    "nvfp4": 20.4, "nvfp4_4over6": 21.2, "qa_mxfp4": 18.8, "fp8_e4m3": 31.5, "fp8_e5m2": 25.6,
+    "qa_int8": 43.8, "qa_int4": 18.6,
 }
 SQNR_OUTLIER = {
-    "nvfp4": 23.9, "nvfp4_4over6": 24.0, "mxfp4": 16.6, "fp8_e4m3": 33.5, "fp8_e5m2": 25.1,
-    "int8": 33.8, "int4": 17.7,
+    "nvfp4": 23.9, "nvfp4_4over6": 24.0, "qa_mxfp4": 16.6, "fp8_e4m3": 33.5, "fp8_e5m2": 25.1,
+    "qa_int8": 33.8, "qa_int4": 17.7,
 }
 
 
@@ -49,10 +50,24 @@ def test_registry_names() -> None:
         assert get_format(name).name == name
 
 
-@pytest.mark.parametrize(("typo", "suggestion"), [("nvpf4", "nvfp4"), ("fp8", "fp8_e4m3"), ("INT8", "int8")])
+@pytest.mark.parametrize(("typo", "suggestion"), [("nvpf4", "nvfp4"), ("fp8", "fp8_e4m3"), ("QA_INT8", "qa_int8")])
 def test_unknown_name_did_you_mean(typo: str, suggestion: str) -> None:
     with pytest.raises(QuantError, match=f"did you mean '{suggestion}'"):
         get_format(typo)
+
+
+@pytest.mark.parametrize(("old", "line"), [
+    ("int8", "KV format 'int8' is now called 'qa_int8' (the toolkit's own format, not vLLM's int8_per_token_head)"),
+    ("INT4", "KV format 'INT4' is now called 'qa_int4' (the toolkit's own format, not vLLM's int4_per_token_head)"),
+    ("mxfp4", "KV format 'mxfp4' is now called 'qa_mxfp4' (the toolkit's own format, not a vLLM KV format)"),
+])
+def test_the_toolkits_own_formats_old_names_are_refused_naming_the_new(old: str, line: str) -> None:
+    with pytest.raises(QuantError) as err:
+        get_format(old)
+    assert str(err.value) == line
+    with pytest.raises(QuantError) as err:
+        kv_spec_from_dict({"format": "nvfp4", "layer_formats": {1: old}})
+    assert str(err.value) == f"kv cache spec: layer_formats: {line}"
 
 
 def test_unknown_name_without_close_match_lists_all() -> None:
@@ -87,8 +102,8 @@ def test_4over6_beats_nvfp4_on_random_data() -> None:
 
 @pytest.mark.parametrize(
     ("name", "bytes_per_token_head"),
-    [("nvfp4", 64 + 8), ("nvfp4_4over6", 72), ("mxfp4", 64 + 4), ("fp8_e4m3", 128), ("fp8_e5m2", 128),
-     ("int8", 128 + 4), ("int4", 64 + 4)],
+    [("nvfp4", 64 + 8), ("nvfp4_4over6", 72), ("qa_mxfp4", 64 + 4), ("fp8_e4m3", 128), ("fp8_e5m2", 128),
+     ("qa_int8", 128 + 4), ("qa_int4", 64 + 4)],
 )
 def test_nbytes_and_bits_per_element(name: str, bytes_per_token_head: int) -> None:
     x = _kv("random")  # 64 tokens x 8 heads x head_dim 128
@@ -142,9 +157,9 @@ def test_scale_of_wrong_shape_is_rejected() -> None:
 
 
 def test_dequantize_with_the_wrong_format_is_rejected() -> None:
-    q = get_format("int8").quantize(torch.ones(2, 32))
-    with pytest.raises(QuantError, match="cannot dequantize a 'int8' tensor"):
-        get_format("int4").dequantize(q)
+    q = get_format("qa_int8").quantize(torch.ones(2, 32))
+    with pytest.raises(QuantError, match="cannot dequantize a 'qa_int8' tensor"):
+        get_format("qa_int4").dequantize(q)
 
 
 @pytest.mark.parametrize("name", QUANTIZED)

@@ -154,8 +154,8 @@ def test_a_hybrid_model_keeps_its_recurrent_layers_unquantized() -> None:
 
 REFUSALS = [  # (family, config overrides, spec, the one line's gist)
     ("qwen3_next", {}, {"skip_layers": [0]}, "names layer 0, a linear_attention layer"),
-    ("deepseek_v3", {}, {"format": "int8"}, "quantizes each token's row as one unit"),
-    ("deepseek_v3", {}, {"format": "mxfp4"}, "cannot store V of qk_rope_head_dim 16"),
+    ("deepseek_v3", {}, {"format": "qa_int8"}, "quantizes each token's row as one unit"),
+    ("deepseek_v3", {}, {"format": "qa_mxfp4"}, "cannot store V of qk_rope_head_dim 16"),
     ("deepseek_v3", {}, {"profile": "flashinfer-nvfp4"}, "is MLA"),
     ("gpt_oss", {}, {"profile": "flashinfer-nvfp4"}, "attends with learned sinks"),
     ("gemma2", {}, {"profile": "flashinfer-nvfp4"}, "attends with a logit soft cap"),

@@ -165,7 +165,7 @@ def test_prefill_reads_fresh_values_when_asked(llama):
 def test_skip_layers_and_per_layer_formats(llama):
     ids, _ = padded_ids(batch=1, pad=0)
     cache = make_cache(llama.config, KVQuantSpec(format="nvfp4", skip_layers=(0,)))
-    cache2 = make_cache(llama.config, KVQuantSpec(format="nvfp4", layer_formats={1: "int4"}))
+    cache2 = make_cache(llama.config, KVQuantSpec(format="nvfp4", layer_formats={1: "qa_int4"}))
     with torch.no_grad():
         llama(input_ids=ids, cache=cache, use_cache=True)
         llama(input_ids=ids, cache=cache2, use_cache=True)
@@ -173,7 +173,7 @@ def test_skip_layers_and_per_layer_formats(llama):
     assert [layer.format for layer in cache.layers] == ["none", "nvfp4"]
     assert torch.equal(cache.layers[0].keys, plain[0][0])  # stored exactly
     assert not torch.equal(cache.layers[1].keys, plain[1][0])
-    assert [layer.format for layer in cache2.layers] == ["nvfp4", "int4"]
+    assert [layer.format for layer in cache2.layers] == ["nvfp4", "qa_int4"]
 
 
 def test_constant_scale_is_the_decode_scale(llama):

@@ -165,7 +165,7 @@ def test_bad_scales_files_are_rejected(llama, chunks, tmp_path):
 
 def test_formats_without_a_tensor_scale_cannot_be_calibrated(llama, chunks):
     with pytest.raises(QuantError, match="no per-tensor scale"):
-        _calibrate(llama, chunks, format="mxfp4")
+        _calibrate(llama, chunks, format="qa_mxfp4")
 
 
 def test_static_head_scales_quantize_each_head_with_its_own_scale(llama, chunks):

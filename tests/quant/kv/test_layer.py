@@ -18,7 +18,7 @@ ROW_SPECS = [
     {"format": "nvfp4"},
     {"format": "nvfp4", "recent_window": 4, "recent_format": "fp8_e4m3"},
     {"format": "nvfp4", "recent_window": 16, "recent_format": "fp8_e4m3"},  # longer than the short row
-    {"format": "int4", "scales": "constant", "constant_scale": 0.05},
+    {"format": "qa_int4", "scales": "constant", "constant_scale": 0.05},
 ]
 
 

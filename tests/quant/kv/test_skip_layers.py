@@ -59,7 +59,7 @@ def test_what_vllm_would_ignore_or_misread_is_a_one_line_error(given: list[Any],
 
 def test_a_digit_string_and_layer_formats_on_one_layer_is_refused() -> None:
     with pytest.raises(QuantError, match=r"layers \[3\] are both skipped and given a format"):
-        kv_spec_from_dict({"skip_layers": ["3"], "layer_formats": {3: "int4"}})
+        kv_spec_from_dict({"skip_layers": ["3"], "layer_formats": {3: "qa_int4"}})
 
 
 def test_model_layers_read_sliding_windows_as_vllm_does() -> None:
@@ -113,7 +113,7 @@ def test_resolution_merges_reasons_and_checks_the_model() -> None:
         resolve_skip_layers(["30"], "nvfp4", model_layers(SMOLLM2))
     with pytest.raises(QuantError, match=r"layer 0 is kept unquantized \(TurboQuant boundary, vLLM adds it\) and "
                                          "given a format in layer_formats"):
-        kv_spec_from_dict({"format": "turboquant_4bit_nc", "layer_formats": {0: "int4"}}).layer_skips(gemma)
+        kv_spec_from_dict({"format": "turboquant_4bit_nc", "layer_formats": {0: "qa_int4"}}).layer_skips(gemma)
 
 
 def test_ultraquant_keeps_turboquants_boundary() -> None:
@@ -155,10 +155,10 @@ def test_sliding_mismatch_names_a_layer_the_engine_runs_otherwise() -> None:
 
 def test_hf_cache_keeps_exactly_the_resolved_layers_unquantized() -> None:
     gemma = tiny_gemma3_config()  # layer 0 sliding, layer 1 full
-    cache = make_cache(gemma, KVQuantSpec(format="int4", skip_layers=("sliding_window",)))
-    assert [layer.format for layer in cache.layers] == ["none", "int4"]
+    cache = make_cache(gemma, KVQuantSpec(format="qa_int4", skip_layers=("sliding_window",)))
+    assert [layer.format for layer in cache.layers] == ["none", "qa_int4"]
     llama = tiny_llama_config(num_hidden_layers=6)
     cache = make_cache(llama, KVQuantSpec(format="turboquant_k8v4", skip_layers=("2",)))
     assert [layer.format for layer in cache.layers] == ["none", "none", "none", "turboquant_k8v4", "none", "none"]
     with torch.no_grad(), pytest.raises(QuantError, match="names layer 6, but the model has 6 layers"):
-        make_cache(llama, KVQuantSpec(format="int4", skip_layers=(6,)))
+        make_cache(llama, KVQuantSpec(format="qa_int4", skip_layers=(6,)))

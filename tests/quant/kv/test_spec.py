@@ -96,7 +96,7 @@ def test_scales_may_name_a_model_folder_checked_once_without_torch(tmp_path):
 
 @pytest.mark.parametrize("given", [
     {"format": "nvfp4", "scales": "constant", "constant_scale": 1},
-    {"format": "int4", "layer_formats": {3: "none", 5: "int8"}, "skip_layers": [0, "sliding_window"]},
+    {"format": "qa_int4", "layer_formats": {3: "none", 5: "qa_int8"}, "skip_layers": [0, "sliding_window"]},
     {"format": "fp8_e4m3", "scales": "static", "scales_file": "/models/m", "profile": None},
     {"format": "nvfp4", "recent_window": 8, "prefill_reads_quantized": False, "query_format": "fp8_e4m3"},
 ])

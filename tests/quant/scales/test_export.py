@@ -23,7 +23,7 @@ from quant.scales.folder import CONVENTION_FILE
 
 
 def _scales(fmt: str = "nvfp4", granularity: str = "tensor") -> KVScales:
-    div = {"nvfp4": 2688.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "int8": 1.0}[fmt]
+    div = {"nvfp4": 2688.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0, "qa_int8": 1.0}[fmt]
     k = torch.tensor([[1.0, 3.0], [2.0, 0.5], [8.0, 4.0]])  # [L=3, H=2]
     v = torch.tensor([[0.25, 0.5], [6.0, 1.0], [2.0, 2.0]])
     if granularity == "tensor":
@@ -175,8 +175,8 @@ def test_nvfp4_model_folder_carries_decode_scales_through_the_8_bit_scheme(tmp_p
 
 def test_model_folder_refusals(tmp_path):
     src = _model_folder(tmp_path / "m")
-    with pytest.raises(QuantError, match="takes fp8_e4m3, nvfp4, nvfp4_4over6 KV scales, not 'int8'"):
-        export_model_folder(_scales("int8"), src, tmp_path / "a")
+    with pytest.raises(QuantError, match="takes fp8_e4m3, nvfp4, nvfp4_4over6 KV scales, not 'qa_int8'"):
+        export_model_folder(_scales("qa_int8"), src, tmp_path / "a")
     (src / "tokenizer.json").rename(src / "vocab.txt")
     with pytest.raises(QuantError, match="no tokenizer"):
         export_model_folder(_scales("nvfp4"), src, tmp_path / "a")

@@ -164,8 +164,8 @@ def test_a_folder_is_converted_for_the_format_that_reads_it(tmp_path: Path) -> N
     assert as_fp8.k_decode == read_folder_scales(fp8).k  # already in the format's convention: the stored numbers
     as_nvfp4 = KVScales.load(fp8, kv_format="nvfp4")
     assert as_nvfp4.k_scale.tolist() == pytest.approx([a / 2688 for a in k_amax], rel=1e-6)
-    assert resolve_folder_scales(fp8, "int8").k_decode is None  # no tensor-scale convention: amax only
-    assert [k[0] for k in resolve_folder_scales(fp8, "int8").k_amax] == pytest.approx(k_amax, rel=1e-6)
+    assert resolve_folder_scales(fp8, "qa_int8").k_decode is None  # no tensor-scale convention: amax only
+    assert [k[0] for k in resolve_folder_scales(fp8, "qa_int8").k_amax] == pytest.approx(k_amax, rel=1e-6)
 
 
 def test_ones_and_misdeclared_numbers_are_refused_unless_taken_as_they_are(tmp_path: Path) -> None:

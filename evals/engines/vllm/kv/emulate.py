@@ -8,7 +8,7 @@ head with one shared decode scale, as the hf engine's MLA cache stores them (qua
 scales: static from the scales the hf engine reads (quant.scales.files.KVScales.load: a `qa calibrate` file
 pair, or a model folder read as its writer meant it for the spec's format), `fmt.decode_scale_from_amax(amax)`
 per layer (and head) exactly as the hf cache derives them; constant; or none for the self-scaled formats
-(mxfp4, int8, int4).
+(qa_mxfp4, qa_int8, qa_int4).
 
 Everything that reads a tensor on the host happens once, when the plan is made or moved (`layer_plan`,
 `LayerPlan.to`: the scales checked, every constant built on the layer's device). A call then makes no host

@@ -34,7 +34,7 @@ PLUGIN_NAME = "qa_kv"  # the entry point's name in the vllm.general_plugins grou
 # vLLM dtypes that store K/V at the model's own precision: the only ones the emulated values may go into
 UNQUANTIZED_DTYPES = frozenset({"auto", "bfloat16", "float16", "float32", "half", "float"})
 # formats with a per-tensor/per-head decode scale (quant.formats.registry: needs_tensor_scale); the others scale
-# themselves per block (mxfp4) or per row (int8, int4), so "dynamic" needs no per-sequence state for them
+# themselves per block (qa_mxfp4) or per row (qa_int8, qa_int4), so "dynamic" needs no per-sequence state for them
 TENSOR_SCALED = frozenset({"nvfp4", "nvfp4_4over6", "fp8_e4m3", "fp8_e5m2"})
 DEFAULTS = KVQuantSpec()
 # model architectures whose attention layers are their own classes, not vLLM's Attention or MLAAttention

@@ -24,13 +24,13 @@ H, D = 2, 64
 SPECS = {
     "nvfp4": {"format": "nvfp4", "scales": "static"},  # per-head static scales (_scales)
     "nvfp4_4over6": {"format": "nvfp4_4over6", "scales": "constant", "constant_scale": 0.002},
-    "mxfp4": {"format": "mxfp4"},
+    "qa_mxfp4": {"format": "qa_mxfp4"},
     "fp8_e4m3": {"format": "fp8_e4m3", "scales": "static"},
     "fp8_e4m3_toward_zero": {"format": "fp8_e4m3", "scales": "constant", "constant_scale": 0.01,
                              "fp8_rounding": "toward_zero"},
     "fp8_e5m2": {"format": "fp8_e5m2", "scales": "constant", "constant_scale": 0.5},
-    "int8": {"format": "int8"},
-    "int4": {"format": "int4"},
+    "qa_int8": {"format": "qa_int8"},
+    "qa_int4": {"format": "qa_int4"},
     "none": {"format": "none"},
 }
 
@@ -117,7 +117,7 @@ def test_the_per_call_path_of_every_format_is_capture_safe(name, monkeypatch):
 def test_each_check_fails_on_a_path_that_reads_the_host(check, monkeypatch):
     """quantize_dequantize, the eager reference (it checks scales and inputs on the host per call), must fail
     every check: else the checks above could not fail."""
-    for name in ("nvfp4", "fp8_e4m3", "int8", "mxfp4"):
+    for name in ("nvfp4", "fp8_e4m3", "qa_int8", "qa_mxfp4"):
         plan = _plan(name)
 
         def make(p: LayerPlan) -> Callable[..., Any]:

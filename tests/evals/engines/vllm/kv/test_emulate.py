@@ -42,9 +42,9 @@ SPECS = [
     ({"format": "fp8_e4m3", "scales": "constant", "constant_scale": 0.01}, None),
     ({"format": "fp8_e5m2", "scales": "constant", "constant_scale": 1.0}, None),
     ({"format": "nvfp4_4over6", "scales": "constant", "constant_scale": 0.002}, None),
-    ({"format": "mxfp4"}, None),
-    ({"format": "int8"}, None),
-    ({"format": "int4", "layer_formats": {1: "mxfp4"}, "skip_layers": [2]}, None),
+    ({"format": "qa_mxfp4"}, None),
+    ({"format": "qa_int8"}, None),
+    ({"format": "qa_int4", "layer_formats": {1: "qa_mxfp4"}, "skip_layers": [2]}, None),
 ]
 
 
@@ -98,7 +98,7 @@ def test_scales_and_layer_names_that_do_not_fit_the_model_are_refused():
     with pytest.raises(QuantError, match="2 KV heads per layer, the model has 1"):
         check_scales_fit(_scales("head"), LAYERS, 1)
     with pytest.raises(QuantError, match="names layer 5, but the model has 3"):
-        check_named_layers(KVQuantSpec(format="int8", skip_layers=(5,)), LAYERS)
+        check_named_layers(KVQuantSpec(format="qa_int8", skip_layers=(5,)), LAYERS)
     with pytest.raises(QuantError, match="static or constant"):
         layer_plan(KVQuantSpec(format="nvfp4"), None, 0)
 

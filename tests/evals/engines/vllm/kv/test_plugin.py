@@ -122,7 +122,7 @@ def test_what_vllm_cannot_honour_is_refused_in_one_line(model) -> None:
             build_engine("vllm", model, {**BASE_ARGS, "kv": kv})
         assert "\n" not in str(err.value)
     with pytest.raises(EngineError, match="quantized twice"):
-        build_engine("vllm", model, {**BASE_ARGS, "kv_cache_dtype": "fp8", "kv": {"format": "int8"}})
+        build_engine("vllm", model, {**BASE_ARGS, "kv_cache_dtype": "fp8", "kv": {"format": "qa_int8"}})
 
 
 def test_attention_the_plugin_does_not_handle_refuses_the_model() -> None:

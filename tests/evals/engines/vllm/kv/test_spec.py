@@ -19,7 +19,7 @@ from evals.engines.vllm.kv.spec import (
 from evals.errors import EngineError
 from quant.kv.spec import kv_spec_from_dict, kv_spec_to_json
 
-SPEC = kv_spec_from_dict({"format": "int4", "skip_layers": [0], "layer_formats": {2: "int8"}})
+SPEC = kv_spec_from_dict({"format": "qa_int4", "skip_layers": [0], "layer_formats": {2: "qa_int8"}})
 
 
 def test_the_switch_carries_the_spec_as_resolved_json_keeps_it(tmp_path: Path) -> None:
