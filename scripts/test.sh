@@ -14,10 +14,16 @@ unset PYTHONDONTWRITEBYTECODE
 workers=${QA_TEST_WORKERS:-2}  # pytest-xdist workers for the main suite (0: run it in this one process)
 skip_vllm=${QA_SKIP_VLLM:-0}
 if [ "$skip_vllm" = 1 ]; then scripts/setup.sh --dev; else scripts/setup.sh --dev --vllm; fi
-# llm-compressor's folders (tests/llmc_folders.py, minutes to make) are made once here for both suites
+# llm-compressor's folders (tests/llmc_folders.py, a minute or two to make) are made once for both suites, in
+# the background beside the main suite's workers (a test that asks before they are done waits on their lock)
 QA_TEST_LLMC_DIR=$(mktemp -d)
 export QA_TEST_LLMC_DIR
-trap 'rm -rf "$QA_TEST_LLMC_DIR"' EXIT
+llmc_pid=
+trap '[ -n "$llmc_pid" ] && kill "$llmc_pid" 2>/dev/null; rm -rf "$QA_TEST_LLMC_DIR"' EXIT
+if [ $# -eq 0 ]; then  # the whole suite (a run of chosen tests makes them only if one asks)
+  OMP_NUM_THREADS=1 .venv/bin/python -m tests.llmc_folders > "$QA_TEST_LLMC_DIR/make.log" 2>&1 &
+  llmc_pid=$!
+fi
 
 run_pytest() {  # pytest exits 5 when it collected nothing: that is a failure here
   local py=$1; shift

@@ -3,9 +3,10 @@ tests/quant/llmc_oneshot.py run in .venv-llmc (scripts/setup.sh --dev) on SmolLM
 WikiText-2 lines, for every KV scheme llm-compressor 0.14 is asked for here (FP8 and 4-bit float per tensor,
 FP8 per KV head; group-of-16 NVFP4, which it refuses). A test is skipped when .venv-llmc or the shared data
 are missing. The first process to ask makes them, under a file lock, and the others read them. Where: in
-$QA_TEST_LLMC_DIR when it is set (scripts/test.sh sets it for both of its suites and removes it), else, under
-pytest-xdist, in the temp folder all workers share (tests/conftest.py removes it when the session ends), else
-in a temp folder of this process.
+$QA_TEST_LLMC_DIR when it is set (scripts/test.sh sets it for both of its suites and removes it, and makes the
+folders there with `python -m tests.llmc_folders` beside the main suite's workers, so that no worker waits for
+them), else, under pytest-xdist, in the temp folder all workers share (tests/conftest.py removes it when the
+session ends), else in a temp folder of this process.
 """
 
 from __future__ import annotations
@@ -101,3 +102,22 @@ def llmc_folders(tmp_path_factory: pytest.TempPathFactory) -> LlmcFolders:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # one of several worker processes: share the folders
         return _made_shared(model, text, tmp_path_factory.getbasetemp().parent / SHARED_NAME)
     return _made(model, text)
+
+
+def main() -> int:
+    """Make the folders in $QA_TEST_LLMC_DIR now (what the first test to ask would do); 0 also when they cannot be
+    made here (no .venv-llmc, no shared data): the tests then skip or make them, and say why."""
+    if not os.environ.get(SHARED_ENV) or not LLMC_PYTHON.is_file():
+        return 0
+    try:
+        text = shared_data_dir(WIKITEXT) / WIKITEXT
+    except pytest.skip.Exception:
+        return 0
+    model = resolve_model(DEFAULT_MODEL).path
+    assert model is not None  # the packaged SmolLM2 resolves to a local folder
+    _made_shared(model, text, Path(os.environ[SHARED_ENV]) / SHARED_NAME)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,11 +2,15 @@
 `quant.formats.capture`).
 
 Inputs have their row (token) count marked dynamic, so one compile serves every batch and token count. The
-hf cache's compiled paths run for CPU tensors only (`enabled`); the values-only K/V rewrite
-(`quant.formats.capture`) on any device inductor compiles for (`usable`). Compiled code keeps eager's
-float32 numerics (`EAGER_NUMERICS`). `QA_KV_COMPILED=0` turns every compiled path off. A compile or runtime
-failure (no C++ compiler, an unsupported op) logs one warning and turns them off for the process:
-the callers then take their eager path, which gives the same bytes and values.
+hf cache's compiled paths run for CPU tensors only, and only once a process has made `QA_KV_COMPILE_AFTER`
+writes (default 4096) eagerly (`enabled`): a compile costs about 4 s with inductor's disk cache and 10-15 s
+without, about what 4096 eager writes of a small model cost, so a short run (a smoke test, a few items, an
+inspection) never pays for one and a long run pays once, early. The values-only K/V rewrite
+(`quant.formats.capture`) runs compiled on any device inductor compiles for from its first call (`usable`):
+it is installed before vLLM captures CUDA graphs. Compiled code keeps eager's float32 numerics
+(`EAGER_NUMERICS`). `QA_KV_COMPILED=0` turns every compiled path off. A compile or runtime failure (no C++
+compiler, an unsupported op) logs one warning and turns them off for the process: the callers then take
+their eager path, which gives the same bytes and values.
 """
 
 from __future__ import annotations
@@ -19,9 +23,14 @@ from typing import Any
 
 import torch
 
+from quant.errors import QuantError
+
 log = logging.getLogger(__name__)
 ENV = "QA_KV_COMPILED"  # "0" turns the compiled KV-cache paths off
+WARMUP_ENV = "QA_KV_COMPILE_AFTER"  # hf cache writes a process makes eagerly before its compiled path starts
+DEFAULT_WARMUP = 4096
 _failed: list[str] = []  # the first failure's message, once one happened
+_eager_writes: list[int] = [0]  # the writes `enabled` sent eagerly while warming up
 
 
 # specializations per compiled function: one per (K, input dtype, output dtype, static argument). A
@@ -72,15 +81,25 @@ def failure() -> str | None:
     return _failed[0] if _failed else None
 
 
+def warmup() -> int:
+    """The eager writes before the hf cache's compiled path starts ($QA_KV_COMPILE_AFTER, default 4096)."""
+    raw = os.environ.get(WARMUP_ENV, "")
+    try:
+        return max(int(raw), 0) if raw else DEFAULT_WARMUP
+    except ValueError:
+        raise QuantError(f"{WARMUP_ENV}={raw!r}: give a whole number of writes (0: compile from the first)") from None
+
+
 def enabled(x: torch.Tensor) -> bool:
     """Whether a compiled path runs for x [..., K]: a CPU tensor with at least 2 rows, not switched
-    off with QA_KV_COMPILED=0, and no compiled call failed earlier in this process."""
-    return (
-        x.device.type == "cpu"
-        and x.dim() > 0
-        and x.numel() >= 2 * x.shape[-1]
-        and usable()
-    )
+    off with QA_KV_COMPILED=0, no compiled call failed earlier in this process, and this process past its
+    warm-up (`warmup`: each call before then counts one eager write)."""
+    if not (x.device.type == "cpu" and x.dim() > 0 and x.numel() >= 2 * x.shape[-1] and usable()):
+        return False
+    if _eager_writes[0] < warmup():
+        _eager_writes[0] += 1
+        return False
+    return True
 
 
 def call(fn: Callable[..., Any], what: str, *args: Any) -> Any | None:

@@ -78,11 +78,26 @@ def test_roundtrip_matches_eager_quantize_then_dequantize(dtype: torch.dtype, ou
         assert torch.equal(values.view(bits), expect.view(bits))  # -0.0 and +0.0 kept apart
 
 
+def test_a_process_compiles_after_its_warm_up_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled, "_eager_writes", [0])
+    monkeypatch.setenv(compiled.WARMUP_ENV, "3")
+    x = torch.randn(4, 32)
+    assert [compiled.enabled(x) for _ in range(5)] == [False, False, False, True, True]
+    assert not compiled.enabled(torch.randn(1, 32)) and compiled._eager_writes == [3]  # one row: not counted
+    monkeypatch.setattr(compiled, "_eager_writes", [0])
+    monkeypatch.delenv(compiled.WARMUP_ENV)
+    assert compiled.warmup() == compiled.DEFAULT_WARMUP == 4096
+    monkeypatch.setenv(compiled.WARMUP_ENV, "many")
+    with pytest.raises(QuantError, match="QA_KV_COMPILE_AFTER='many': give a whole number of writes"):
+        compiled.enabled(x)
+
+
 def test_roundtrip_errors_switch_and_fallback(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     x = torch.randn(4, 32)
     x[1, 3] = float("nan")
     with pytest.raises(QuantError, match="NaN or Inf"):
         nvfp4_fused.roundtrip(x, 0.01)
+    monkeypatch.setenv(compiled.WARMUP_ENV, "0")  # compiled from the first write
     assert compiled.enabled(torch.randn(4, 32))
     assert not compiled.enabled(torch.randn(1, 32))  # one row: eager (no 0/1 specialization)
     monkeypatch.setenv(compiled.ENV, "0")
