@@ -105,6 +105,8 @@ def test_calibrate_model_out_writes_a_vllm_model_folder(tiny_folder: Path, text_
     (["--format", "qa_mxfp4", "--export", "vllm"],
      "error: --model-out: a vLLM model folder takes fp8_e4m3, nvfp4, nvfp4_4over6 scales, not 'qa_mxfp4'"),
     (["--format", "fp8_e4m3"], "error: --model-out writes a vLLM model folder: add --export vllm"),
+    (["--format", "int4"],  # refused before the model loads
+     "error: KV format 'int4' is now called 'qa_int4' (the toolkit's own format, not vLLM's int4_per_token_head)"),
 ])
 def test_calibrate_model_out_usage_errors(tiny_folder: Path, text_file: Path, tmp_path: Path, extra: list[str],
                                           message: str, capsys: pytest.CaptureFixture[str]) -> None:
