@@ -1,5 +1,5 @@
 """Every run folder committed under reports/ re-gates, from its comparison.json alone (schema 1 files were
-rewritten by scripts/migrate_comparisons.py), to the status its verdict.json records under the same policy. A several-candidate
+rewritten by scripts/migrate_comparisons.py) and its batch_invariance.json where it holds one, to the status its verdict.json records under the same policy. A several-candidate
 run's root holds a run-level verdict (RunVerdict): each of its candidates/<name>/ folders is re-gated as
 a run folder, and the root must record exactly those candidates' statuses. Withdrawn runs
 (reports/withdrawn/, reports/WITHDRAWN.md) are not re-gated."""
@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from qa.compare.batch_invariance import INVARIANCE_FILE, BatchInvariance
 from qa.files.rundir import RunDir
+from qa.gate.batch_invariance import apply_invariance, decide_invariance
 from qa.gate.rules import apply_rules
 
 REPORTS = Path(__file__).resolve().parents[3] / "reports"
@@ -29,6 +31,8 @@ def test_committed_run_regates_to_its_recorded_status(run: Path) -> None:
     rd = RunDir(run)
     recorded = rd.load_verdict()
     again = apply_rules(rd.load_comparison(), recorded.policy)
+    if (run / INVARIANCE_FILE).is_file():  # a load run: `qa gate` adds the batch-invariance rule
+        again = apply_invariance(again, decide_invariance(BatchInvariance.load(run / INVARIANCE_FILE), recorded.policy))
     assert again.status == recorded.status
     assert [(t.task, t.status) for t in again.tasks] == [(t.task, t.status) for t in recorded.tasks]
 
