@@ -21,7 +21,7 @@ from evals.models.named import DEFAULT_MODEL
 from qa.cli.app import app
 from qa.cli.options import DataDirOpt, DataOpt, DeviceOpt, DtypeOpt, FormatOpt, ModelOpt, SeedOpt, SeqLenOpt
 from quant.errors import QuantError
-from quant.formats.catalog import EXPORT_TARGETS, FORMAT_NAMES, PROFILE_ONLY_FORMATS, unknown_format
+from quant.formats.catalog import EXPORT_TARGETS, check_format_name
 from quant.scales.conventions import CONVENTIONS, VLLM_FOLDER_FORMATS
 from quant.validation import first_error
 
@@ -65,8 +65,7 @@ def calibrate_command(
     ] = False,
 ) -> None:
     """Observe K (after RoPE) and V per layer on a calibration set and write static KV scales."""
-    if fmt not in FORMAT_NAMES and fmt not in PROFILE_ONLY_FORMATS:  # before the model loads
-        raise unknown_format(fmt)
+    check_format_name(fmt, profile_formats=False)  # as `qa run` checks a calibration, before the model loads
     if export is not None and export not in EXPORT_TARGETS:
         raise QuantError(f"--export {export!r}: choose one of {', '.join(EXPORT_TARGETS)}")
     if model_out is not None and export != "vllm":

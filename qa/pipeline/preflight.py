@@ -32,7 +32,7 @@ from evals.servers.spec import VllmServerSpec
 from qa.pipeline.resolved_run import ResolvedArm, ResolvedRun, arm_tasks
 from qa.pipeline.scale_fit import fit_scale_folders
 from quant.fileio import scales_paths
-from quant.formats.catalog import FORMAT_NAMES, unknown_format
+from quant.formats.catalog import check_format_name
 from quant.kv.spec import kv_spec_to_json
 
 NO_VLLM = ("vLLM arguments not checked: vllm is not installed here, in .venv-vllm or at QA_VLLM_PYTHON "
@@ -187,8 +187,8 @@ def check_reused_baseline(run: ResolvedRun) -> ArmManifest | None:
 
 def preflight(run: ResolvedRun, *, strict: bool = True) -> Preflight:
     """Run every check of the module doc; the first failure raises its one-line error."""
-    if run.record.calibration is not None and run.record.calibration.step.format not in FORMAT_NAMES:
-        raise unknown_format(run.record.calibration.step.format)
+    if run.record.calibration is not None:
+        check_format_name(run.record.calibration.step.format, profile_formats=False)
     notes: dict[str, tuple[str, ...]] = {}
     for arm in run.arms:
         if arm.problem is not None and strict:

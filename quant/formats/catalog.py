@@ -88,6 +88,13 @@ def cache_bytes_per_token(layers: Iterable[tuple[str, int, int, int | None]],
     return sum(q for q, _ in sizes), sum(p for _, p in sizes)
 
 
+def check_format_name(name: str, *, profile_formats: bool = True) -> None:
+    """QuantError unless `name` is one of the emulator's KV formats (or, with `profile_formats`, one only an engine
+    profile offers): a renamed format's error names its new name, any other gets a did-you-mean."""
+    if name not in FORMAT_NAMES and not (profile_formats and name in PROFILE_ONLY_FORMATS):
+        raise unknown_format(name)
+
+
 def unknown_format(name: str) -> QuantError:
     """The error for a KV format name that is not in FORMAT_NAMES: a renamed one names its new name, any other
     gets a did-you-mean."""

@@ -37,12 +37,11 @@ from pydantic import (
 
 from quant.errors import QuantError
 from quant.formats.catalog import (
-    FORMAT_NAMES,
     PROFILE_ONLY_FORMATS,
     FP8Rounding,
     QueryRounding,
+    check_format_name,
     get_profile,
-    unknown_format,
 )
 from quant.kv.skip_layers import (
     LayerSkips,
@@ -65,12 +64,6 @@ AttentionIOFormat = Literal["fp8_e4m3"]  # what a kernel rounds Q (or its output
 BLOCK_SCALED_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "qa_mxfp4")
 # Formats whose element codes are plain bytes that any random value can replace (no NaN encodings).
 CORRUPTIBLE_FORMATS: tuple[str, ...] = ("nvfp4", "nvfp4_4over6", "qa_mxfp4", "qa_int4", "qa_int8")
-
-
-def _check_format(name: str) -> None:
-    """QuantError (with a did-you-mean) unless `name` is a known KV format (or one an engine profile offers)."""
-    if name not in FORMAT_NAMES and name not in PROFILE_ONLY_FORMATS:
-        raise unknown_format(name)
 
 
 def _check_profile(spec: KVQuantSpec) -> None:
@@ -216,7 +209,7 @@ class KVQuantSpec(BaseModel):
     @field_validator("format", "recent_format")
     @classmethod
     def _known_format(cls, name: str) -> str:
-        _check_format(name)
+        check_format_name(name)
         return name
 
     @field_validator("layer_formats")
@@ -225,7 +218,7 @@ class KVQuantSpec(BaseModel):
         for layer, name in formats.items():
             if layer < 0:
                 raise ValueError(f"layer_formats: layer index {layer} is negative")
-            _check_format(name)
+            check_format_name(name)
         return formats
 
     @field_validator("skip_layers", mode="before")
